@@ -285,9 +285,12 @@ impl Config {
                 )));
             }
         }
-        if !matches!(k.delivery.as_str(), "exactly_once" | "at_least_once") {
+        if !matches!(
+            k.delivery.as_str(),
+            "exactly_once" | "exactly_once_outbox" | "at_least_once"
+        ) {
             return Err(ConfigError(format!(
-                "kafka.delivery: must be \"exactly_once\" or \"at_least_once\", got {:?}",
+                "kafka.delivery: must be \"exactly_once\", \"exactly_once_outbox\" or \"at_least_once\", got {:?}",
                 k.delivery
             )));
         }

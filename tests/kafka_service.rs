@@ -19,7 +19,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn wait_for_count(setup: &Setup, n: usize, deadline: Duration, svc: &Service) -> usize {
-    wait_for(&format!("{n} committed output events"), deadline, || {
+    let end = std::time::Instant::now() + deadline;
+    loop {
         let got = read_committed(&setup.bootstrap, &setup.output_topics()).len();
         if got > n {
             panic!(
@@ -27,8 +28,18 @@ fn wait_for_count(setup: &Setup, n: usize, deadline: Duration, svc: &Service) ->
                 svc.log_text()
             );
         }
-        (got == n).then_some(got)
-    })
+        if got == n {
+            return got;
+        }
+        if std::time::Instant::now() > end {
+            let log = svc.log_text();
+            let tail: String = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            // The caller's comparison says what is missing or extra.
+            eprintln!("timed out waiting for {n} committed output events: {got} read\n{tail}");
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
 
 fn assert_same_events(setup: &Setup, expected: &[serde_json::Value]) {
@@ -131,7 +142,7 @@ fn same_events_as_replay_and_clean_sigterm() {
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let setup = Setup::new(&broker, "equiv", 3, "at_least_once", "");
+    let setup = Setup::new(&broker, "equiv", 3, "exactly_once_outbox", "");
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 3_000, 1);
     let expected = replay(&setup.config, &input);
@@ -168,36 +179,57 @@ fn same_events_as_replay_and_clean_sigterm() {
     );
 }
 
+/// `exactly_once` when the broker commits transactions, else the outbox
+/// protocol (tansu 0.6.0 has no EndTxn handler).
+fn exactly_once_mode(setup_bootstrap: &str, probe: &str) -> &'static str {
+    match transactions_supported(setup_bootstrap, probe) {
+        Ok(()) => "exactly_once",
+        Err(why) => {
+            eprintln!("broker has no transactions ({why}): using exactly_once_outbox");
+            "exactly_once_outbox"
+        }
+    }
+}
+
+#[test]
+fn exactly_once_on_a_broker_without_transactions_is_refused_clearly() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "notxn", 2, "exactly_once", "");
+    if transactions_supported(&setup.bootstrap, "notxn-probe").is_ok() {
+        eprintln!("broker supports transactions: nothing to refuse");
+        return;
+    }
+    let input = setup.dir.path().join("votes.jsonl");
+    generate_votes(&input, 200, 7);
+    setup.produce(&input);
+    let mut svc = Service::start(&setup, "notxn");
+    let status = wait_for("the service to stop", Duration::from_secs(120), || {
+        svc.child.try_wait().unwrap()
+    });
+    assert_eq!(status.code(), Some(1), "{}", svc.log_text());
+    assert!(
+        svc.log_text()
+            .contains("does not support Kafka transactions"),
+        "{}",
+        svc.log_text()
+    );
+    assert!(svc.log_text().contains("exactly_once_outbox"));
+    assert!(read_committed(&setup.bootstrap, &setup.output_topics())
+        .iter()
+        .all(|e| e.0 != setup.scores));
+}
+
 #[test]
 fn kill_9_at_many_points_loses_and_doubles_nothing() {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let setup = Setup::new(&broker, "crash", 4, "exactly_once", "");
-    if let Err(why) = transactions_supported(&setup.bootstrap, "crash-probe") {
-        // tansu 0.6.0 cannot commit transactions (no EndTxn handler). Then
-        // exactly-once must refuse to run, clearly, and publish nothing.
-        let input = setup.dir.path().join("votes.jsonl");
-        generate_votes(&input, 200, 7);
-        setup.produce(&input);
-        let mut svc = Service::start(&setup, "notxn");
-        let status = wait_for("the service to stop", Duration::from_secs(120), || {
-            svc.child.try_wait().unwrap()
-        });
-        assert_eq!(status.code(), Some(1), "{}", svc.log_text());
-        assert!(
-            svc.log_text()
-                .contains("does not support Kafka transactions"),
-            "{}",
-            svc.log_text()
-        );
-        assert!(read_committed(&setup.bootstrap, &setup.output_topics())
-            .iter()
-            .all(|e| e.0 != setup.scores));
-        eprintln!("broker has no transactions ({why}): checked the refusal, not the kill -9 runs");
-        return;
-    }
+    let mode = exactly_once_mode(&broker.bootstrap(), "crash-probe");
+    let setup = Setup::new(&broker, "crash", 4, mode, "");
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 50_000, 7);
     let expected = replay(&setup.config, &input);
@@ -205,7 +237,8 @@ fn kill_9_at_many_points_loses_and_doubles_nothing() {
     let total = expected.len();
     let mut svc = Service::start(&setup, "0");
     // Kill at 5 points of the stream; the 100 ms commit cycle means most
-    // kills land inside an open transaction.
+    // kills land inside an open cycle.
+    let mut reconciled = 0;
     for (i, pct) in [5usize, 25, 45, 65, 85].into_iter().enumerate() {
         let at = total * pct / 100;
         wait_for(
@@ -223,11 +256,100 @@ fn kill_9_at_many_points_loses_and_doubles_nothing() {
         );
         svc.kill9();
         svc = Service::start(&setup, &format!("{}", i + 1));
+        if mode == "exactly_once_outbox" {
+            // Every restart finds the last cycle of each partition and
+            // checks its events against the output topics.
+            wait_for("the restart to restore", Duration::from_secs(120), || {
+                svc.log_text()
+                    .contains("partition state restored")
+                    .then_some(())
+            });
+            reconciled += 1;
+        }
     }
     wait_for_count(&setup, total, Duration::from_secs(300), &svc);
     let status = svc.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", svc.log_text());
     assert_same_events(&setup, &expected);
+    if mode == "exactly_once_outbox" {
+        assert_eq!(reconciled, 5);
+        assert_every_event_has_a_unique_origin(&setup);
+    }
+}
+
+/// Every output event carries a `jurystream-origin` header, and no two
+/// share one.
+fn assert_every_event_has_a_unique_origin(setup: &Setup) {
+    let origins = read_origins(&setup.bootstrap, &setup.output_topics());
+    let total = read_committed(&setup.bootstrap, &setup.output_topics()).len();
+    assert_eq!(origins.len(), total, "one origin header per event");
+    let mut sorted = origins.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), origins.len(), "origin headers are unique");
+    let pattern = format!("{}/", setup.input_topic);
+    assert!(origins.iter().all(|o| o.starts_with(&pattern)), "{:?}", &origins[..3.min(origins.len())]);
+}
+
+#[test]
+fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let mode = exactly_once_mode(&broker.bootstrap(), "kill3-probe");
+    let setup = Setup::new(&broker, "kill3", 6, mode, "");
+    let input = setup.dir.path().join("votes.jsonl");
+    generate_votes(&input, 100_000, 11);
+    let expected = replay(&setup.config, &input);
+    let n = std::fs::read_to_string(&input).unwrap().lines().count();
+    let first = setup.dir.path().join("first.jsonl");
+    let second = setup.dir.path().join("second.jsonl");
+    slice_file(&input, &first, 0, n / 2);
+    slice_file(&input, &second, n / 2, n);
+    // no idle flush while instances come and go
+    let start = |tag: &str| instance(&setup, tag, tag, "127.0.0.1:0", Some("3600"));
+    let mut produced = setup.produce(&first) as i64;
+    let mut a = start("a");
+    let mut b = start("b");
+    let mut c = start("c");
+    // All three own partitions before the kill.
+    wait_for("three instances with partitions", Duration::from_secs(180), || {
+        [&a, &b, &c]
+            .iter()
+            .all(|s| s.log_text().contains("partition state restored"))
+            .then_some(())
+    });
+    produced += setup.publish(&second) as i64;
+    // Kill b mid-stream: some input committed, not all.
+    wait_for("b to be mid-stream", Duration::from_secs(300), || {
+        let done = committed_offsets(&setup, "kill3-group").values().sum::<i64>();
+        (done > produced / 2 + produced / 10).then_some(())
+    });
+    b.kill9();
+    wait_committed(
+        &setup,
+        "kill3-group",
+        produced,
+        "the survivors to commit everything",
+    );
+    for s in [&mut a, &mut c] {
+        assert!(
+            s.terminate(Duration::from_secs(60)).success(),
+            "{}",
+            s.log_text()
+        );
+    }
+    let taken_over = a.log_text().matches("partition state restored").count()
+        + c.log_text().matches("partition state restored").count();
+    assert!(taken_over > 4, "a and c restored b's partitions too");
+    // Close the remaining windows with an idle flush, as one run would at its end.
+    let d = instance(&setup, "final", "a", "127.0.0.1:0", None);
+    wait_for_count(&setup, expected.len(), Duration::from_secs(300), &d);
+    assert_same_events(&setup, &expected);
+    if mode == "exactly_once_outbox" {
+        assert_every_event_has_a_unique_origin(&setup);
+    }
 }
 
 #[test]
@@ -311,7 +433,7 @@ fn new_instance_with_empty_state_continues_from_the_changelog() {
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let setup = Setup::new(&broker, "takeover", 2, "at_least_once", "");
+    let setup = Setup::new(&broker, "takeover", 2, "exactly_once_outbox", "");
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 4_000, 11);
     let expected = replay(&setup.config, &input);
@@ -365,8 +487,7 @@ fn new_instance_with_empty_state_continues_from_the_changelog() {
     );
     // Instance B: empty state directory, same group; the changelog carries the state.
     assert!(!state_b.exists());
-    jurystream::service::produce::produce(&part2, &setup.input_topic, &setup.bootstrap, &[])
-        .unwrap();
+    setup.publish(&part2);
     let b = Service::start_with(
         &cfg_b,
         setup.dir.path(),
@@ -433,7 +554,7 @@ fn scale_out_1_3_1_while_votes_flow_equals_one_instance() {
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let setup = Setup::new(&broker, "scale", 6, "at_least_once", "");
+    let setup = Setup::new(&broker, "scale", 6, "exactly_once_outbox", "");
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 100_000, 5);
     let expected = replay(&setup.config, &input);
@@ -452,13 +573,7 @@ fn scale_out_1_3_1_while_votes_flow_equals_one_instance() {
     wait_committed(&setup, "scale-group", produced, "a third committed");
     let mut b = start("b");
     let mut c = start("c");
-    produced += jurystream::service::produce::produce(
-        &chunks[1],
-        &setup.input_topic,
-        &setup.bootstrap,
-        &[],
-    )
-    .unwrap() as i64;
+    produced += setup.publish(&chunks[1]) as i64;
     wait_committed(
         &setup,
         "scale-group",
@@ -476,13 +591,7 @@ fn scale_out_1_3_1_while_votes_flow_equals_one_instance() {
         b.log_text().contains("partitions assigned")
             && c.log_text().contains("partitions assigned")
     );
-    produced += jurystream::service::produce::produce(
-        &chunks[2],
-        &setup.input_topic,
-        &setup.bootstrap,
-        &[],
-    )
-    .unwrap() as i64;
+    produced += setup.publish(&chunks[2]) as i64;
     wait_committed(
         &setup,
         "scale-group",
@@ -517,7 +626,7 @@ fn readyz_is_503_until_the_assigned_state_is_restored() {
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let setup = Setup::new(&broker, "ready", 2, "at_least_once", "");
+    let setup = Setup::new(&broker, "ready", 2, "exactly_once_outbox", "");
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 20_000, 13);
     let produced = setup.produce(&input) as i64;

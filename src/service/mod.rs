@@ -24,7 +24,7 @@ use anyhow::{anyhow, Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
@@ -34,7 +34,10 @@ use crate::engine::{Engine, Outcome, ScoreUpdate};
 use crate::input::{decode_vote, dlq_payload, DecodeOptions, Reason, Rejection};
 use crate::output::{ambiguity_flagged_json, score_updated_json, vote_rejected_json, Source};
 use crate::replay::wall_clock;
-use crate::state::{encode_changes, Record, Store};
+use crate::state::{
+    encode_changes, encode_value, outbox_key, CycleMarker, OutEvent, OutboxChunk, Record, Store,
+    CYCLE_KEY,
+};
 use crate::telemetry::Metrics;
 use std::sync::Arc;
 
@@ -108,10 +111,75 @@ pub fn client_config(cfg: &Config) -> ClientConfig {
     c
 }
 
-/// Records the changelog offsets the producer got back, per partition.
+/// How a commit cycle reaches the broker (`kafka.delivery`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// One Kafka transaction per cycle.
+    Transactional,
+    /// Changelog first (state, the cycle's events, a cycle marker), then the
+    /// events; an interrupted cycle is completed by whoever restores it.
+    Outbox,
+    /// Events first, then the changelog; an interrupted cycle is redone.
+    AtLeastOnce,
+}
+
+impl Mode {
+    fn of(cfg: &Config) -> Mode {
+        match cfg.kafka.delivery.as_str() {
+            "exactly_once_outbox" => Mode::Outbox,
+            "at_least_once" => Mode::AtLeastOnce,
+            _ => Mode::Transactional,
+        }
+    }
+}
+
+/// Header on every output event: `<input topic>/<partition>/<cycle>/<index>`,
+/// the input partition, the cycle that emitted it and its place in that
+/// cycle. It makes each event traceable and lets a restoring instance see
+/// which events of an interrupted cycle already reached the broker.
+pub const ORIGIN_HEADER: &str = "jurystream-origin";
+
+/// Outbox changelog records hold at most this many event bytes (one larger
+/// event gets a record of its own).
+const CHUNK_BYTES: usize = 256 * 1024;
+
+/// A cycle is committed early once its outbox holds this many bytes.
+const MAX_CYCLE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Output topics by index: 0 scores, 1 flags, 2 DLQ.
+const SCORES: u8 = 0;
+const FLAGS: u8 = 1;
+const DLQ: u8 = 2;
+
+fn origin(tp: &Tp, seq: u64, idx: u32) -> String {
+    format!("{}{idx}", origin_prefix(tp, seq))
+}
+
+/// CRC-32 (IEEE), as librdkafka's default partitioner hashes keys.
+fn crc32(data: &[u8]) -> u32 {
+    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut t = [0u32; 256];
+        for (i, e) in t.iter_mut().enumerate() {
+            let mut c = i as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+            }
+            *e = c;
+        }
+        t
+    });
+    let mut c = !0u32;
+    for &b in data {
+        c = table[((c ^ b as u32) & 0xff) as usize] ^ (c >> 8);
+    }
+    !c
+}
+
+/// Remembers the highest acknowledged offset per topic partition.
 #[derive(Default)]
 struct ProduceCtx {
-    changelog_offsets: Mutex<HashMap<(String, i32), i64>>,
+    acked: Mutex<HashMap<(String, i32), i64>>,
     failure: Mutex<Option<String>>,
 }
 
@@ -119,6 +187,10 @@ impl ProduceCtx {
     /// The first delivery failure since the last call, if any.
     fn take_failure(&self) -> Option<String> {
         self.failure.lock().ok().and_then(|mut f| f.take())
+    }
+
+    fn acked(&self) -> HashMap<(String, i32), i64> {
+        self.acked.lock().map(|m| m.clone()).unwrap_or_default()
     }
 }
 
@@ -130,7 +202,7 @@ impl ProducerContext for ProduceCtx {
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         match result {
             Ok(m) => {
-                if let Ok(mut map) = self.changelog_offsets.lock() {
+                if let Ok(mut map) = self.acked.lock() {
                     let e = map
                         .entry((m.topic().to_owned(), m.partition()))
                         .or_insert(-1);
@@ -151,8 +223,42 @@ struct Part {
     store: Store,
     engine: Engine,
     last_record: Instant,
-    /// Changelog records of the open transaction, applied to RocksDB after commit.
+    /// Changelog records of the open cycle, applied to RocksDB after commit.
     pending: Vec<Record>,
+    /// The last cycle marker written or restored.
+    marker: CycleMarker,
+    /// The next input offset; records below it are already in the state.
+    next_offset: i64,
+    /// Events of the open cycle (kept here in outbox mode only).
+    out: Vec<OutEvent>,
+    out_count: u32,
+    out_bytes: usize,
+    /// Whether the open cycle changed anything of this partition.
+    dirty: bool,
+    skip_logged: bool,
+}
+
+impl Part {
+    fn new(store: Store, engine: Engine, marker: Option<CycleMarker>) -> Part {
+        let marker = marker.unwrap_or(CycleMarker {
+            next_offset: -1,
+            delivered: true,
+            ..CycleMarker::default()
+        });
+        Part {
+            store,
+            engine,
+            last_record: Instant::now(),
+            pending: Vec::new(),
+            next_offset: marker.next_offset,
+            marker,
+            out: Vec::new(),
+            out_count: 0,
+            out_bytes: 0,
+            dirty: false,
+            skip_logged: false,
+        }
+    }
 }
 
 type Tp = (String, i32);
@@ -171,8 +277,10 @@ struct Inner {
     /// Set when the session must be rebuilt (a failed commit, a lost assignment).
     broken: Option<anyhow::Error>,
     updates: Vec<ScoreUpdate>,
-    /// Kafka transactions (exactly-once) or flush-then-commit (at-least-once).
-    transactional: bool,
+    mode: Mode,
+    /// Output topic names and partition counts, by index (scores, flags, DLQ).
+    outputs: [String; 3],
+    out_partitions: [i32; 3],
     metrics: Arc<Metrics>,
     /// Whether a partition assignment (possibly empty) has been received.
     assigned_once: bool,
@@ -215,10 +323,11 @@ impl ConsumerContext for Ctx {
                 let lost = consumer.assignment_lost();
                 if lost {
                     tracing::warn!(
-                        "partitions lost: aborting the open transaction without committing"
+                        "partitions lost: aborting the open cycle without committing"
                     );
                     inner.abort();
-                } else if let Err(e) = inner.commit(consumer) {
+                } else if let Err(e) = inner.commit(consumer).and_then(|_| inner.seal_delivered())
+                {
                     tracing::error!("commit before revoke failed: {e:#}");
                     inner.broken.get_or_insert(e);
                 }
@@ -263,7 +372,7 @@ fn kafka_err(what: &str, e: KafkaError) -> anyhow::Error {
     if e.to_string().contains("not supported by broker") {
         return anyhow!(Fatal(format!(
             "{what}: {e}: this broker does not support Kafka transactions; use one that does \
-             (Apache Kafka, Redpanda) or set kafka.delivery = \"at_least_once\""
+             (Apache Kafka, Redpanda) or set kafka.delivery = \"exactly_once_outbox\""
         )));
     }
     let fatal = matches!(e, KafkaError::Transaction(ref r) if r.is_fatal())
@@ -278,10 +387,51 @@ fn kafka_err(what: &str, e: KafkaError) -> anyhow::Error {
     }
 }
 
+fn store_fatal(e: crate::state::StoreError) -> anyhow::Error {
+    anyhow!(Fatal(format!("state store: {e}")))
+}
+
+/// Queues one record, waiting while the producer queue is full.
+fn send_record(
+    producer: &BaseProducer<ProduceCtx>,
+    topic: &str,
+    key: Option<&[u8]>,
+    payload: Option<&[u8]>,
+    partition: Option<i32>,
+    origin: Option<&str>,
+) -> Result<()> {
+    let mut rec: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic);
+    if let Some(k) = key {
+        rec = rec.key(k);
+    }
+    if let Some(p) = payload {
+        rec = rec.payload(p);
+    }
+    if let Some(p) = partition {
+        rec = rec.partition(p);
+    }
+    if let Some(o) = origin {
+        rec = rec.headers(OwnedHeaders::new().insert(Header {
+            key: ORIGIN_HEADER,
+            value: Some(o),
+        }));
+    }
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                rec = r;
+                producer.poll(Duration::from_millis(50));
+            }
+            Err((e, _)) => return Err(kafka_err("produce", e)),
+        }
+    }
+}
+
 impl Inner {
     fn ensure_txn(&mut self) -> Result<()> {
         if !self.in_txn {
-            if self.transactional {
+            if self.mode == Mode::Transactional {
                 self.producer
                     .begin_transaction()
                     .map_err(|e| kafka_err("begin transaction", e))?;
@@ -292,56 +442,66 @@ impl Inner {
         Ok(())
     }
 
-    fn send(
-        &self,
-        topic: &str,
-        key: Option<&[u8]>,
-        payload: Option<&[u8]>,
-        partition: Option<i32>,
-    ) -> Result<()> {
-        let mut rec: BaseRecord<'_, [u8], [u8], ()> = BaseRecord::to(topic);
-        if let Some(k) = key {
-            rec = rec.key(k);
-        }
-        if let Some(p) = payload {
-            rec = rec.payload(p);
-        }
-        if let Some(p) = partition {
-            rec = rec.partition(p);
-        }
-        loop {
-            match self.producer.send(rec) {
-                Ok(()) => return Ok(()),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    rec = r;
-                    self.producer.poll(Duration::from_millis(50));
-                }
-                Err((e, _)) => return Err(kafka_err("produce", e)),
-            }
+    /// Waits until everything queued is acknowledged.
+    fn flush_acked(&self, what: &str) -> Result<()> {
+        self.producer
+            .flush(Duration::from_secs(60))
+            .map_err(|e| kafka_err(what, e))?;
+        self.producer.poll(Duration::ZERO);
+        match self.producer.context().take_failure() {
+            Some(f) => Err(anyhow!("{what}: delivery failed: {f}")),
+            None => Ok(()),
         }
     }
 
-    fn emit_updates(&mut self, processed_at: &str) -> Result<()> {
+    /// One output event of partition `tp`'s open cycle: sent now, or kept
+    /// for the outbox.
+    fn emit(&mut self, tp: &Tp, topic: u8, key: Option<&[u8]>, payload: &[u8]) -> Result<()> {
+        let part = self
+            .parts
+            .get_mut(tp)
+            .ok_or_else(|| anyhow!("event for unassigned partition {}-{}", tp.0, tp.1))?;
+        let idx = part.out_count;
+        part.out_count += 1;
+        part.dirty = true;
+        if self.mode == Mode::Outbox {
+            let n = self.out_partitions[topic as usize].max(1);
+            let partition = match key {
+                Some(k) if !k.is_empty() => (crc32(k) % n as u32) as i32,
+                _ => tp.1 % n,
+            };
+            part.out_bytes += payload.len() + key.map_or(0, <[u8]>::len);
+            part.out.push(OutEvent {
+                topic,
+                partition,
+                key: key.map(<[u8]>::to_vec),
+                payload: payload.to_vec(),
+            });
+            Ok(())
+        } else {
+            let o = origin(tp, part.marker.seq + 1, idx);
+            send_record(
+                &self.producer,
+                &self.outputs[topic as usize],
+                key,
+                Some(payload),
+                None,
+                Some(&o),
+            )
+        }
+    }
+
+    fn emit_updates(&mut self, tp: &Tp, processed_at: &str) -> Result<()> {
         let updates = std::mem::take(&mut self.updates);
         let now_s = wall_clock() as f64 / 1e9;
         for u in &updates {
             self.metrics.score_update(u, now_s);
             let key = u.series.inference_id.as_bytes();
             let s = score_updated_json(u, processed_at);
-            self.send(
-                &self.cfg.outputs.scores_topic,
-                Some(key),
-                Some(s.as_bytes()),
-                None,
-            )?;
+            self.emit(tp, SCORES, Some(key), s.as_bytes())?;
             if u.ambiguous {
                 let f = ambiguity_flagged_json(u, processed_at);
-                self.send(
-                    &self.cfg.outputs.flags_topic,
-                    Some(key),
-                    Some(f.as_bytes()),
-                    None,
-                )?;
+                self.emit(tp, FLAGS, Some(key), f.as_bytes())?;
             }
         }
         self.updates = updates;
@@ -350,7 +510,8 @@ impl Inner {
     }
 
     fn reject(
-        &self,
+        &mut self,
+        tp: &Tp,
         r: &Rejection,
         key: Option<&[u8]>,
         payload: &[u8],
@@ -362,12 +523,7 @@ impl Inner {
         tracing::debug!(reason = r.reason.as_str(), detail = %r.detail, ?source, "vote rejected (detail)");
         self.metrics.rejected(r.reason);
         let text = vote_rejected_json(r, &dlq_payload(payload), source, processed_at);
-        self.send(
-            &self.cfg.outputs.dlq_topic,
-            key,
-            Some(text.as_bytes()),
-            None,
-        )
+        self.emit(tp, DLQ, key, text.as_bytes())
     }
 
     /// One input record through the engine.
@@ -378,6 +534,28 @@ impl Inner {
         key: Option<&[u8]>,
         payload: Option<&[u8]>,
     ) -> Result<()> {
+        let part = self
+            .parts
+            .get_mut(tp)
+            .ok_or_else(|| anyhow!("record for unassigned partition {}-{}", tp.0, tp.1))?;
+        if offset < part.next_offset {
+            // Already in the state: a cycle whose offsets were not committed
+            // to the group but whose changelog marker was.
+            if !part.skip_logged {
+                part.skip_logged = true;
+                tracing::info!(topic = %tp.0, partition = tp.1, offset, next = part.next_offset,
+                    "skipping input records the restored state already holds");
+            }
+            return Ok(());
+        }
+        if part.next_offset >= 0 && offset > part.next_offset {
+            // Normal after compaction or transaction markers in the input.
+            tracing::debug!(topic = %tp.0, partition = tp.1, offset, expected = part.next_offset,
+                "input offsets skip ahead");
+        }
+        part.last_record = Instant::now();
+        part.next_offset = offset + 1;
+        part.dirty = true;
         self.ensure_txn()?;
         let now = wall_clock();
         let payload = payload.unwrap_or(&[]);
@@ -400,21 +578,22 @@ impl Inner {
                 Ok(v)
             }
         });
-        let part = self
-            .parts
-            .get_mut(tp)
-            .ok_or_else(|| anyhow!("record for unassigned partition {}-{}", tp.0, tp.1))?;
-        part.last_record = Instant::now();
         match decoded {
-            Err(r) => self.reject(&r, key, payload, &source(), &format_timestamp(now))?,
-            Ok(vote) => match part.engine.process(&vote, &mut self.updates) {
-                Outcome::Accepted if self.updates.is_empty() => {}
-                Outcome::Accepted => self.emit_updates(&format_timestamp(now))?,
-                Outcome::Duplicate => {}
-                Outcome::Late(r) => {
-                    self.reject(&r, key, payload, &source(), &format_timestamp(now))?
+            Err(r) => self.reject(tp, &r, key, payload, &source(), &format_timestamp(now))?,
+            Ok(vote) => {
+                let part = self
+                    .parts
+                    .get_mut(tp)
+                    .ok_or_else(|| anyhow!("partition {}-{} vanished", tp.0, tp.1))?;
+                match part.engine.process(&vote, &mut self.updates) {
+                    Outcome::Accepted if self.updates.is_empty() => {}
+                    Outcome::Accepted => self.emit_updates(tp, &format_timestamp(now))?,
+                    Outcome::Duplicate => {}
+                    Outcome::Late(r) => {
+                        self.reject(tp, &r, key, payload, &source(), &format_timestamp(now))?
+                    }
                 }
-            },
+            }
         }
         // Counters and gauges are folded in once per cycle (refresh_gauges).
         match self.offsets.get_mut(tp) {
@@ -424,6 +603,30 @@ impl Inner {
             }
         }
         Ok(())
+    }
+
+    /// Points the consumer at the restored state's next input offset: the
+    /// changelog's cycle marker, not the group's committed offset (which a
+    /// crash can leave behind), says where each partition continues.
+    fn seek_to_state(&mut self, consumer: &BaseConsumer<Ctx>, tps: &[Tp]) -> Result<()> {
+        for tp in tps {
+            let Some(part) = self.parts.get(tp) else {
+                continue;
+            };
+            if part.next_offset < 0 {
+                continue;
+            }
+            consumer
+                .seek(&tp.0, tp.1, Offset::Offset(part.next_offset), Duration::from_secs(10))
+                .map_err(|e| anyhow!("seek {}-{} to {}: {e}", tp.0, tp.1, part.next_offset))?;
+            tracing::debug!(topic = %tp.0, partition = tp.1, offset = part.next_offset, "continuing from the restored state");
+        }
+        Ok(())
+    }
+
+    /// Bytes of events waiting in outboxes.
+    fn outbox_bytes(&self) -> usize {
+        self.parts.values().map(|p| p.out_bytes).sum()
     }
 
     /// Live mode's idle flush: a partition quiet for `idle_flush_seconds`
@@ -447,7 +650,7 @@ impl Inner {
             if !self.updates.is_empty() {
                 tracing::debug!(topic = %tp.0, partition = tp.1, closed = self.updates.len(), "idle flush");
             }
-            self.emit_updates(&format_timestamp(now))?;
+            self.emit_updates(&tp, &format_timestamp(now))?;
         }
         self.refresh_gauges();
         Ok(())
@@ -461,7 +664,7 @@ impl Inner {
         }
     }
 
-    /// Ends the cycle: changelog records, offsets, commit, then RocksDB.
+    /// Ends the cycle (see [`Inner::commit_inner`]); on failure aborts it.
     fn commit(&mut self, consumer: &BaseConsumer<Ctx>) -> Result<()> {
         if !self.in_txn {
             return Ok(());
@@ -473,26 +676,89 @@ impl Inner {
         result
     }
 
+    /// One commit cycle. Every partition the cycle touched gets its state
+    /// records and then a cycle marker in its changelog partition (in
+    /// outbox mode also the cycle's events, before the marker).
+    /// - transactional: events, changelog and input offsets in one
+    ///   transaction;
+    /// - outbox: changelog acknowledged → RocksDB → events acknowledged →
+    ///   group offsets;
+    /// - at-least-once: events acknowledged → changelog acknowledged →
+    ///   RocksDB → group offsets.
+    ///
+    /// RocksDB is written only after the changelog is durable, with the
+    /// changelog position it reflects.
     fn commit_inner(&mut self, consumer: &BaseConsumer<Ctx>) -> Result<()> {
-        // The cycle's state changes: kept per partition for the RocksDB write
-        // after commit, and sent now to the partition's changelog.
-        for part in self.parts.values_mut() {
+        let started = Instant::now();
+        let mut sealing: Vec<Tp> = Vec::new();
+        for (tp, part) in self.parts.iter_mut() {
             let records = encode_changes(&mut part.engine);
             part.pending.extend(records);
+            if part.dirty || !part.pending.is_empty() {
+                sealing.push(tp.clone());
+            }
         }
-        for (tp, part) in &self.parts {
+        if self.mode == Mode::AtLeastOnce {
+            self.flush_acked("flush events")?;
+        }
+        let acked = self.producer.context().acked();
+        for tp in &sealing {
+            let Some(part) = self.parts.get_mut(tp) else {
+                continue;
+            };
+            let mut chunks = 0u32;
+            let mut floors = Vec::new();
+            if !part.out.is_empty() {
+                let seq = part.marker.seq + 1;
+                let mut cur: Vec<OutEvent> = Vec::new();
+                let mut bytes = 0usize;
+                let mut seen = std::collections::BTreeSet::new();
+                for ev in &part.out {
+                    if seen.insert((ev.topic, ev.partition)) {
+                        let name = &self.outputs[ev.topic as usize];
+                        if let Some(o) = acked.get(&(name.clone(), ev.partition)) {
+                            floors.push((ev.topic, ev.partition, o + 1));
+                        }
+                    }
+                    if !cur.is_empty() && bytes + ev.payload.len() > CHUNK_BYTES {
+                        let chunk = OutboxChunk {
+                            seq,
+                            events: std::mem::take(&mut cur),
+                        };
+                        part.pending
+                            .push((outbox_key(chunks), Some(encode_value(&chunk))));
+                        chunks += 1;
+                        bytes = 0;
+                    }
+                    bytes += ev.payload.len();
+                    cur.push(ev.clone());
+                }
+                let chunk = OutboxChunk { seq, events: cur };
+                part.pending
+                    .push((outbox_key(chunks), Some(encode_value(&chunk))));
+                chunks += 1;
+            }
+            let marker = CycleMarker {
+                seq: part.marker.seq + 1,
+                next_offset: part.next_offset,
+                outbox_chunks: chunks,
+                delivered: chunks == 0,
+                floors,
+            };
+            part.pending
+                .push((CYCLE_KEY.to_vec(), Some(encode_value(&marker))));
             let topic = self.names.changelog(&tp.0);
             for (k, v) in &part.pending {
-                self.send(&topic, Some(k), v.as_deref(), Some(tp.1))?;
+                send_record(&self.producer, &topic, Some(k), v.as_deref(), Some(tp.1), None)?;
             }
+            part.marker = marker;
         }
         let mut tpl = TopicPartitionList::new();
         for ((t, p), o) in &self.offsets {
             tpl.add_partition_offset(t, *p, Offset::Offset(*o))
                 .map_err(|e| kafka_err("offset list", e))?;
         }
-        let started = Instant::now();
-        if self.transactional {
+        if self.mode == Mode::Transactional {
             if tpl.count() > 0 {
                 let meta = consumer
                     .group_metadata()
@@ -504,53 +770,247 @@ impl Inner {
             self.producer
                 .commit_transaction(Duration::from_secs(60))
                 .map_err(|e| kafka_err("commit transaction", e))?;
-        } else {
-            // At-least-once: every output acknowledged before the offsets move.
-            self.producer
-                .flush(Duration::from_secs(60))
-                .map_err(|e| kafka_err("flush", e))?;
             self.producer.poll(Duration::ZERO);
             if let Some(f) = self.producer.context().take_failure() {
-                return Err(anyhow!("delivery failed: {f}"));
+                // Committed means every message was acknowledged; a report of a
+                // failure here is from an earlier aborted cycle.
+                tracing::debug!("stale delivery failure after commit: {f}");
             }
-            if tpl.count() > 0 {
-                consumer
-                    .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
-                    .map_err(|e| kafka_err("commit offsets", e))?;
-            }
+        } else {
+            self.flush_acked("flush changelog")?;
         }
         self.in_txn = false;
-        self.offsets.clear();
-        self.producer.poll(Duration::ZERO);
-        if let Some(f) = self.producer.context().take_failure() {
-            // Committed means every message was acknowledged; a report of a
-            // failure here is from an earlier aborted cycle.
-            tracing::debug!("stale delivery failure after commit: {f}");
-        }
-        let offsets = self
-            .producer
-            .context()
-            .changelog_offsets
-            .lock()
-            .map(|m| m.clone())
-            .unwrap_or_default();
-        for (tp, part) in self.parts.iter_mut() {
-            if part.pending.is_empty() {
+        // The changelog is durable: RocksDB follows, with the position.
+        let acked = self.producer.context().acked();
+        for tp in &sealing {
+            let Some(part) = self.parts.get_mut(tp) else {
                 continue;
-            }
+            };
             let records = std::mem::take(&mut part.pending);
-            let pos = offsets
+            let pos = acked
                 .get(&(self.names.changelog(&tp.0), tp.1))
                 .map(|o| o + 1);
             let positions: Vec<(&str, i64)> = pos.map(|p| (CHANGELOG_POS, p)).into_iter().collect();
-            part.store
-                .apply(&records, &positions)
-                .map_err(|e| anyhow!(Fatal(format!("state store write failed: {e}"))))?;
+            part.store.apply(&records, &positions).map_err(store_fatal)?;
+            tracing::debug!(topic = %tp.0, partition = tp.1, seq = part.marker.seq,
+                next_offset = part.marker.next_offset, changelog_pos = ?pos,
+                records = records.len(), events = part.out.len(), "cycle written");
+            part.dirty = false;
+            part.out_count = 0;
         }
+        if self.mode == Mode::Outbox {
+            for tp in &sealing {
+                let Some(part) = self.parts.get(tp) else {
+                    continue;
+                };
+                for (i, ev) in part.out.iter().enumerate() {
+                    send_record(
+                        &self.producer,
+                        &self.outputs[ev.topic as usize],
+                        ev.key.as_deref(),
+                        Some(&ev.payload),
+                        Some(ev.partition),
+                        Some(&origin(tp, part.marker.seq, i as u32)),
+                    )?;
+                }
+            }
+            self.flush_acked("flush events")?;
+            for part in self.parts.values_mut() {
+                part.out.clear();
+                part.out_bytes = 0;
+            }
+        }
+        if self.mode != Mode::Transactional && tpl.count() > 0 {
+            consumer
+                .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+                .map_err(|e| kafka_err("commit offsets", e))?;
+        }
+        self.offsets.clear();
         self.metrics
             .commit_duration(started.elapsed().as_secs_f64());
         self.refresh_gauges();
         Ok(())
+    }
+
+    /// Outbox mode, before handing partitions over: marks the last cycle
+    /// of each partition delivered, so the next owner need not check.
+    fn seal_delivered(&mut self) -> Result<()> {
+        if self.mode != Mode::Outbox {
+            return Ok(());
+        }
+        let tps: Vec<Tp> = self
+            .parts
+            .iter()
+            .filter(|(_, p)| !p.marker.delivered)
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        self.write_delivered(&tps)
+    }
+
+    /// Writes the cycle marker of `tps` again with `delivered` set, to the
+    /// changelog and then RocksDB.
+    fn write_delivered(&mut self, tps: &[Tp]) -> Result<()> {
+        let mut sealed = Vec::new();
+        for tp in tps {
+            let Some(part) = self.parts.get(tp) else {
+                continue;
+            };
+            let mut m = part.marker.clone();
+            m.delivered = true;
+            let v = encode_value(&m);
+            send_record(
+                &self.producer,
+                &self.names.changelog(&tp.0),
+                Some(CYCLE_KEY),
+                Some(&v),
+                Some(tp.1),
+                None,
+            )?;
+            sealed.push((tp.clone(), m, v));
+        }
+        if sealed.is_empty() {
+            return Ok(());
+        }
+        self.flush_acked("flush cycle markers")?;
+        let acked = self.producer.context().acked();
+        for (tp, m, v) in sealed {
+            let pos = acked
+                .get(&(self.names.changelog(&tp.0), tp.1))
+                .map(|o| o + 1);
+            if let Some(part) = self.parts.get_mut(&tp) {
+                let positions: Vec<(&str, i64)> =
+                    pos.map(|p| (CHANGELOG_POS, p)).into_iter().collect();
+                part.store
+                    .apply(&[(CYCLE_KEY.to_vec(), Some(v))], &positions)
+                    .map_err(store_fatal)?;
+                part.marker = m;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes restored partitions into service: overwrites the records of an
+    /// interrupted cycle left at the changelog's end, and (outbox mode)
+    /// completes the delivery of each one's last cycle.
+    fn adopt(&mut self, restored: Vec<Restored>) -> Result<()> {
+        let mut in_doubt = Vec::new();
+        for Restored {
+            tp,
+            mut part,
+            garbage,
+        } in restored
+        {
+            self.unowned.remove(&tp);
+            if !garbage.is_empty() {
+                tracing::warn!(
+                    topic = %tp.0,
+                    partition = tp.1,
+                    records = garbage.len(),
+                    "the changelog ends with records of an interrupted cycle: ignored, and \
+                     overwritten with the committed values in the next cycle"
+                );
+                for k in garbage {
+                    let v = part.store.get(&k).map_err(store_fatal)?;
+                    part.pending.push((k, v));
+                }
+                part.dirty = true;
+            }
+            if !part.marker.delivered && part.marker.outbox_chunks > 0 {
+                in_doubt.push(tp.clone());
+            }
+            let dirty = part.dirty;
+            self.parts.insert(tp, part);
+            if dirty {
+                self.ensure_txn()?;
+            }
+        }
+        if !in_doubt.is_empty() {
+            self.reconcile(&in_doubt)?;
+        }
+        Ok(())
+    }
+
+    /// Outbox mode: publishes the events of each partition's last cycle
+    /// that are not in the output topics yet (found by their origin
+    /// header), then records that cycle as delivered.
+    fn reconcile(&mut self, tps: &[Tp]) -> Result<()> {
+        let started = Instant::now();
+        // (prefix, events) per partition; scan targets per output topic.
+        let mut cycles: Vec<(Tp, u64, Vec<OutEvent>)> = Vec::new();
+        let mut targets: std::collections::BTreeMap<u8, HashMap<i32, Offset>> =
+            Default::default();
+        for tp in tps {
+            let part = self
+                .parts
+                .get(tp)
+                .ok_or_else(|| anyhow!("reconcile of unassigned partition"))?;
+            let marker = &part.marker;
+            let events = part.store.outbox(marker).map_err(store_fatal)?;
+            for ev in &events {
+                let floor = marker
+                    .floors
+                    .iter()
+                    .find(|f| f.0 == ev.topic && f.1 == ev.partition)
+                    .map_or(Offset::Beginning, |f| Offset::Offset(f.2));
+                let slot = targets
+                    .entry(ev.topic)
+                    .or_default()
+                    .entry(ev.partition)
+                    .or_insert(floor);
+                *slot = match (*slot, floor) {
+                    (Offset::Offset(a), Offset::Offset(b)) => Offset::Offset(a.min(b)),
+                    _ => Offset::Beginning,
+                };
+            }
+            cycles.push((tp.clone(), marker.seq, events));
+        }
+        let wanted: HashMap<String, usize> = cycles
+            .iter()
+            .enumerate()
+            .map(|(i, (tp, seq, _))| (origin_prefix(tp, *seq), i))
+            .collect();
+        let mut present: std::collections::HashSet<(usize, u32)> = Default::default();
+        for (t, parts) in &targets {
+            scan_origins(
+                &self.cfg,
+                &self.outputs[*t as usize],
+                parts,
+                &wanted,
+                &mut present,
+            )?;
+        }
+        let mut resent = vec![0usize; cycles.len()];
+        for (i, (tp, seq, events)) in cycles.iter().enumerate() {
+            for (j, ev) in events.iter().enumerate() {
+                if present.contains(&(i, j as u32)) {
+                    continue;
+                }
+                send_record(
+                    &self.producer,
+                    &self.outputs[ev.topic as usize],
+                    ev.key.as_deref(),
+                    Some(&ev.payload),
+                    Some(ev.partition),
+                    Some(&origin(tp, *seq, j as u32)),
+                )?;
+                resent[i] += 1;
+            }
+        }
+        if resent.iter().any(|n| *n > 0) {
+            self.flush_acked("re-publish the interrupted cycle's events")?;
+        }
+        for (i, (tp, seq, events)) in cycles.iter().enumerate() {
+            tracing::info!(
+                topic = %tp.0,
+                partition = tp.1,
+                cycle = seq,
+                events = events.len(),
+                published_now = resent[i],
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "completed the delivery of the last cycle before this restore"
+            );
+        }
+        self.write_delivered(tps)
     }
 
     /// Deletes local state of partitions this instance has not owned for
@@ -578,7 +1038,7 @@ impl Inner {
 
     fn abort(&mut self) {
         if self.in_txn {
-            if self.transactional {
+            if self.mode == Mode::Transactional {
                 if let Err(e) = self.producer.abort_transaction(Duration::from_secs(30)) {
                     tracing::error!("abort transaction failed: {e}");
                 }
@@ -588,15 +1048,94 @@ impl Inner {
         self.offsets.clear();
         for p in self.parts.values_mut() {
             p.pending.clear();
+            p.out.clear();
+            p.out_bytes = 0;
         }
         // In-memory state now runs ahead of what was committed.
         self.broken.get_or_insert_with(|| {
-            anyhow!("transaction aborted; rebuilding state from the last commit")
+            anyhow!("cycle aborted; rebuilding state from the last commit")
         });
     }
 }
 
-/// Restores one partition: RocksDB, then the changelog after its position.
+/// `<input topic>/<partition>/<cycle>/`: what every origin header of one
+/// cycle starts with.
+fn origin_prefix(tp: &Tp, seq: u64) -> String {
+    format!("{}/{}/{}/", tp.0, tp.1, seq)
+}
+
+/// Reads `topic`'s `partitions` from the given offsets to their end and
+/// collects (cycle, index) of the events whose origin header starts with
+/// one of the `wanted` prefixes.
+fn scan_origins(
+    cfg: &Config,
+    topic: &str,
+    partitions: &HashMap<i32, Offset>,
+    wanted: &HashMap<String, usize>,
+    present: &mut std::collections::HashSet<(usize, u32)>,
+) -> Result<()> {
+    let consumer: BaseConsumer<QuietEof> = reader_config(cfg, "reconcile")
+        .create_with_context(QuietEof)
+        .context("cannot create the output reader")?;
+    let mut tpl = TopicPartitionList::new();
+    for (p, o) in partitions {
+        tpl.add_partition_offset(topic, *p, *o)
+            .map_err(|e| anyhow!("{e}"))?;
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| anyhow!("assign {topic}: {e}"))?;
+    let mut done = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while done.len() < partitions.len() {
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {
+                if Instant::now() > deadline {
+                    return Err(anyhow!("reading {topic} to its end timed out"));
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                done.insert(p);
+            }
+            Some(Err(e)) => return Err(anyhow!("reading {topic}: {e}")),
+            Some(Ok(m)) => {
+                let Some(headers) = m.headers() else { continue };
+                for h in headers.iter() {
+                    if h.key != ORIGIN_HEADER {
+                        continue;
+                    }
+                    let Some(v) = h.value.and_then(|v| std::str::from_utf8(v).ok()) else {
+                        continue;
+                    };
+                    let Some((prefix, idx)) = v.rsplit_once('/') else {
+                        continue;
+                    };
+                    // `prefix` lacks the trailing slash the map keys have.
+                    let key = format!("{prefix}/");
+                    if let (Some(&c), Ok(i)) = (wanted.get(&key), idx.parse::<u32>()) {
+                        present.insert((c, i));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A reader that assigns partitions itself, reads committed data only and
+/// reports the end of each partition.
+fn reader_config(cfg: &Config, purpose: &str) -> ClientConfig {
+    let mut c = client_config(cfg);
+    c.set("group.id", format!("{}-{purpose}", cfg.kafka.group_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        // An empty fetch answers at once: reaching the end is what it waits for.
+        .set("fetch.wait.max.ms", "10");
+    c
+}
+
 /// Where one partition's RocksDB lives.
 fn partition_dir(cfg: &Config, tp: &Tp) -> PathBuf {
     PathBuf::from(&cfg.state.dir).join(format!("{}-{}", tp.0, tp.1))
@@ -619,24 +1158,32 @@ fn local_partitions(cfg: &Config) -> Vec<Tp> {
     out
 }
 
+/// A restored partition and the keys of changelog records after its last
+/// cycle marker (an interrupted cycle's, never applied).
+struct Restored {
+    tp: Tp,
+    part: Part,
+    garbage: Vec<Vec<u8>>,
+}
+
 /// Restores partitions: each one's RocksDB, then the committed changelog
-/// records after its position, read for all of them by one reader.
-fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec<(Tp, Part)>> {
+/// cycles after its position, read for all of them by one reader.
+fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec<Restored>> {
     let started = Instant::now();
-    let fatal = |e: crate::state::StoreError| anyhow!(Fatal(e.to_string()));
     let mut stores = Vec::new();
     for tp in tps {
         let dir = partition_dir(cfg, tp);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let store = Store::open(&dir).map_err(fatal)?;
-        let from = store.position(CHANGELOG_POS).map_err(fatal)?.unwrap_or(0);
+        let store = Store::open(&dir).map_err(store_fatal)?;
+        let from = store.position(CHANGELOG_POS).map_err(store_fatal)?.unwrap_or(0);
         stores.push((tp.clone(), store, from));
     }
-    let applied = catch_up(cfg, names, &stores)?;
+    let caught = catch_up(cfg, names, &stores)?;
     let mut out = Vec::new();
-    for ((tp, store, _), applied) in stores.into_iter().zip(applied) {
-        let (engine, stats) = store.load(cfg.engine(), |_| {}).map_err(fatal)?;
+    for ((tp, store, _), (applied, garbage)) in stores.into_iter().zip(caught) {
+        let (engine, stats) = store.load(cfg.engine(), |_| {}).map_err(store_fatal)?;
+        let marker = store.cycle_marker().map_err(store_fatal)?;
         tracing::info!(
             topic = %tp.0,
             partition = tp.1,
@@ -644,24 +1191,21 @@ fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec<(Tp
             series = stats.series,
             open_batches = stats.batches,
             dedupe = stats.dedupe,
+            next_offset = marker.as_ref().map_or(-1, |m| m.next_offset),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "partition state restored"
         );
-        out.push((
+        out.push(Restored {
             tp,
-            Part {
-                store,
-                engine,
-                last_record: Instant::now(),
-                pending: Vec::new(),
-            },
-        ));
+            part: Part::new(store, engine, marker),
+            garbage,
+        });
     }
     Ok(out)
 }
 
 /// A client context that does not report reaching the end of a partition
-/// as an error (the restore reader waits for exactly that).
+/// as an error (the restore readers wait for exactly that).
 struct QuietEof;
 
 impl ClientContext for QuietEof {
@@ -669,26 +1213,27 @@ impl ClientContext for QuietEof {
         let eof = matches!(error, KafkaError::PartitionEOF(_))
             || matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF));
         if !eof {
-            tracing::error!("changelog reader: {error}: {reason}");
+            tracing::error!("restore reader: {error}: {reason}");
         }
     }
 }
 
 impl ConsumerContext for QuietEof {}
 
-/// Applies, for every store, the committed changelog records from its
-/// position to the end; returns how many records each one got.
-fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<Vec<u64>> {
+/// Applies, for every store, the committed changelog cycles from its
+/// position to the end: records are applied when their cycle marker
+/// arrives, so those of an interrupted cycle at the end never are. Returns
+/// per store how many records were applied and the keys left over.
+fn catch_up(
+    cfg: &Config,
+    names: &Names,
+    stores: &[(Tp, Store, i64)],
+) -> Result<Vec<(u64, Vec<Vec<u8>>)>> {
     let mut applied = vec![0u64; stores.len()];
     if stores.is_empty() {
-        return Ok(applied);
+        return Ok(Vec::new());
     }
-    let consumer: BaseConsumer<QuietEof> = client_config(cfg)
-        .set("group.id", format!("{}-restore", cfg.kafka.group_id))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
+    let consumer: BaseConsumer<QuietEof> = reader_config(cfg, "restore")
         .create_with_context(QuietEof)
         .context("cannot create the changelog reader")?;
     // Read to the end (EOF) rather than trusting watermarks: the end a
@@ -702,6 +1247,7 @@ fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<
         } else {
             Offset::Beginning
         };
+        tracing::debug!(topic = %topic, partition = tp.1, from, "reading the changelog");
         tpl.add_partition_offset(&topic, tp.1, start)
             .map_err(|e| anyhow!("{e}"))?;
         index.insert((topic, tp.1), i);
@@ -710,7 +1256,6 @@ fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<
         .assign(&tpl)
         .map_err(|e| anyhow!("assign changelog: {e}"))?;
     let mut batches: Vec<Vec<Record>> = vec![Vec::new(); stores.len()];
-    let mut next: Vec<i64> = stores.iter().map(|s| s.2).collect();
     // PartitionEOF names only the partition number: count them per number.
     let mut want: HashMap<i32, usize> = HashMap::new();
     for (tp, _, _) in stores {
@@ -718,14 +1263,6 @@ fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<
     }
     let mut eofs: HashMap<i32, usize> = HashMap::new();
     let deadline = Instant::now() + Duration::from_secs(600);
-    let flush = |i: usize, batch: &mut Vec<Record>, next: i64| -> Result<()> {
-        stores[i]
-            .1
-            .apply(batch, &[(CHANGELOG_POS, next)])
-            .map_err(|e| anyhow!(Fatal(e.to_string())))?;
-        batch.clear();
-        Ok(())
-    };
     while want
         .iter()
         .any(|(p, n)| eofs.get(p).copied().unwrap_or(0) < *n)
@@ -736,28 +1273,38 @@ fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<
                     return Err(anyhow!("changelog restore timed out"));
                 }
             }
-            Some(Err(KafkaError::PartitionEOF(p))) => *eofs.entry(p).or_insert(0) += 1,
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                tracing::debug!(partition = p, "changelog end reached");
+                *eofs.entry(p).or_insert(0) += 1
+            }
             Some(Err(e)) => return Err(anyhow!("changelog reader: {e}")),
             Some(Ok(m)) => {
                 let Some(&i) = index.get(&(m.topic().to_owned(), m.partition())) else {
                     continue;
                 };
-                batches[i].push((
-                    m.key().unwrap_or_default().to_vec(),
-                    m.payload().map(<[u8]>::to_vec),
-                ));
-                next[i] = m.offset() + 1;
-                applied[i] += 1;
-                if batches[i].len() >= 10_000 {
-                    flush(i, &mut batches[i], next[i])?;
+                let key = m.key().unwrap_or_default();
+                batches[i].push((key.to_vec(), m.payload().map(<[u8]>::to_vec)));
+                if key == CYCLE_KEY {
+                    applied[i] += batches[i].len() as u64;
+                    stores[i]
+                        .1
+                        .apply(&batches[i], &[(CHANGELOG_POS, m.offset() + 1)])
+                        .map_err(store_fatal)?;
+                    batches[i].clear();
                 }
             }
         }
     }
-    for i in 0..stores.len() {
-        flush(i, &mut batches[i], next[i])?;
-    }
-    Ok(applied)
+    Ok(applied
+        .into_iter()
+        .zip(batches)
+        .map(|(n, rest)| {
+            let mut keys: Vec<Vec<u8>> = rest.into_iter().map(|(k, _)| k).collect();
+            keys.sort();
+            keys.dedup();
+            (n, keys)
+        })
+        .collect())
 }
 
 /// Runs the service until `stop` is set. Retriable failures rebuild the
@@ -815,7 +1362,20 @@ fn sleep_unless(stop: &AtomicBool, d: Duration) {
 
 fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics>) -> Result<()> {
     metrics.set_ready(false);
-    let transactional = cfg.kafka.delivery == "exactly_once";
+    let mode = Mode::of(cfg);
+    let transactional = mode == Mode::Transactional;
+    let outputs = [
+        cfg.outputs.scores_topic.clone(),
+        cfg.outputs.flags_topic.clone(),
+        cfg.outputs.dlq_topic.clone(),
+    ];
+    let counts = topics::partition_counts(cfg, &outputs)?;
+    let mut out_partitions = [0i32; 3];
+    for (n, t) in out_partitions.iter_mut().zip(&outputs) {
+        *n = *counts
+            .get(t)
+            .ok_or_else(|| anyhow!("output topic {t} has no partitions"))?;
+    }
     let mut pc = client_config(cfg);
     pc.set("enable.idempotence", "true").set("linger.ms", "5");
     if transactional {
@@ -841,7 +1401,9 @@ fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics
             offsets: HashMap::new(),
             broken: None,
             updates: Vec::new(),
-            transactional,
+            mode,
+            outputs,
+            out_partitions,
             metrics: metrics.clone(),
             assigned_once: false,
             unowned: local_partitions(cfg)
@@ -877,6 +1439,7 @@ fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics
     if let Some(inner) = guard.as_mut() {
         if result.is_ok() && inner.broken.is_none() {
             inner.commit(&consumer)?;
+            inner.seal_delivered()?;
             for p in inner.parts.values() {
                 let _ = p.store.flush();
             }
@@ -913,10 +1476,9 @@ fn poll_loop(
                 .filter(|tp| !inner.parts.contains_key(tp))
                 .collect();
             let started = Instant::now();
-            for (tp, part) in restore_partitions(cfg, names, &todo)? {
-                inner.unowned.remove(&tp);
-                inner.parts.insert(tp, part);
-            }
+            let restored = restore_partitions(cfg, names, &todo)?;
+            inner.adopt(restored)?;
+            inner.seek_to_state(consumer, &todo)?;
             let secs = started.elapsed().as_secs_f64() / todo.len().max(1) as f64;
             for _ in &todo {
                 inner.metrics.restore_duration(secs);
@@ -941,10 +1503,9 @@ fn poll_loop(
             Some(Ok(m)) => {
                 let tp: Tp = (m.topic().to_owned(), m.partition());
                 if !inner.parts.contains_key(&tp) {
-                    for (tp, part) in restore_partitions(cfg, names, std::slice::from_ref(&tp))? {
-                        inner.unowned.remove(&tp);
-                        inner.parts.insert(tp, part);
-                    }
+                    let restored = restore_partitions(cfg, names, std::slice::from_ref(&tp))?;
+                    inner.adopt(restored)?;
+                    inner.seek_to_state(consumer, std::slice::from_ref(&tp))?;
                 }
                 inner.handle(&tp, m.offset(), m.key(), m.payload())?;
             }
@@ -955,7 +1516,10 @@ fn poll_loop(
         if drained {
             inner.idle_flush()?;
         }
-        if inner.in_txn && inner.txn_started.elapsed() >= commit_every {
+        if inner.in_txn
+            && (inner.txn_started.elapsed() >= commit_every
+                || inner.outbox_bytes() >= MAX_CYCLE_BYTES)
+        {
             inner.commit(consumer)?;
         }
     }

@@ -12,7 +12,7 @@ use super::{client_config, Fatal, Names};
 use crate::config::Config;
 
 /// Partition counts of `topics` (missing topics are absent from the map).
-fn partition_counts(
+pub(super) fn partition_counts(
     cfg: &Config,
     topics: &[String],
 ) -> Result<std::collections::HashMap<String, i32>> {
@@ -87,7 +87,12 @@ pub fn ensure(cfg: &Config, names: &Names) -> Result<()> {
     let new: Vec<NewTopic<'_>> = new_cl
         .iter()
         .map(|(t, n)| {
-            NewTopic::new(t, *n, TopicReplication::Fixed(rf)).set("cleanup.policy", "compact")
+            NewTopic::new(t, *n, TopicReplication::Fixed(rf))
+                .set("cleanup.policy", "compact")
+                // Records of an interrupted cycle are overwritten by the next
+                // owner; compaction must not drop the committed values they
+                // shadow before that happens.
+                .set("min.compaction.lag.ms", "86400000")
         })
         .collect();
     create(&rt, &admin, &new)

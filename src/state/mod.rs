@@ -11,10 +11,15 @@
 //! - `b` postcard([`BatchKey`])  → [`Batch`]
 //! - `d` identity (16 bytes BE)  → vote time (i128 LE)
 //! - `p` name                    → shell positions (input offset, changelog offset)
+//! - `c`                         → [`CycleMarker`]: the last record of every
+//!   service commit cycle; changelog records after the last marker belong to
+//!   an interrupted cycle and are never applied
+//! - `o` index (u32 BE)          → [`OutboxChunk`] (`exactly_once_outbox` mode)
 
 use std::path::{Path, PathBuf};
 
 use rocksdb::{Direction, IteratorMode, Options, WriteBatch, DB};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::engine::time::Nanos;
@@ -42,6 +47,55 @@ pub enum StoreError {
 pub type Record = (Vec<u8>, Option<Vec<u8>>);
 
 pub const META_KEY: &[u8] = b"m";
+
+/// Key of the [`CycleMarker`].
+pub const CYCLE_KEY: &[u8] = b"c";
+
+/// The record that seals one commit cycle of a partition in its changelog.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CycleMarker {
+    /// Cycle number, per partition, from 1.
+    pub seq: u64,
+    /// The next input offset to process (every earlier record is reflected
+    /// in the state); -1 when unknown.
+    pub next_offset: i64,
+    /// How many outbox chunks (`o0`, `o1`, …) hold this cycle's events.
+    pub outbox_chunks: u32,
+    /// Whether every event of this cycle is known to be in the output topics.
+    pub delivered: bool,
+    /// Per output (topic index, partition): an offset at or below the first
+    /// event this cycle wrote there, from earlier acknowledgements.
+    pub floors: Vec<(u8, i32, i64)>,
+}
+
+/// One event waiting in the outbox: output topic index (0 scores, 1 flags,
+/// 2 DLQ), explicit partition, key and bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutEvent {
+    pub topic: u8,
+    pub partition: i32,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+}
+
+/// A slice of one cycle's outbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutboxChunk {
+    pub seq: u64,
+    pub events: Vec<OutEvent>,
+}
+
+/// Key of outbox chunk `i`.
+pub fn outbox_key(i: u32) -> Vec<u8> {
+    let mut k = vec![b'o'];
+    k.extend_from_slice(&i.to_be_bytes());
+    k
+}
+
+/// Serialises a value the way every state record is stored.
+pub fn encode_value<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    enc(v)
+}
 
 fn series_key_bytes(k: &SeriesKey) -> Vec<u8> {
     let inf = k.inference_id.as_bytes();
@@ -236,6 +290,41 @@ impl Store {
         }
     }
 
+    /// One raw value.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.db.get(key).map_err(|e| self.rocks(e))
+    }
+
+    /// The last cycle marker, if any.
+    pub fn cycle_marker(&self) -> Result<Option<CycleMarker>, StoreError> {
+        match self.get(CYCLE_KEY)? {
+            None => Ok(None),
+            Some(v) => postcard::from_bytes(&v)
+                .map(Some)
+                .map_err(|e| self.corrupt(CYCLE_KEY, e)),
+        }
+    }
+
+    /// The events of the marker's cycle, in emission order.
+    pub fn outbox(&self, marker: &CycleMarker) -> Result<Vec<OutEvent>, StoreError> {
+        let mut out = Vec::new();
+        for i in 0..marker.outbox_chunks {
+            let key = outbox_key(i);
+            let v = self
+                .get(&key)?
+                .ok_or_else(|| self.corrupt(&key, "outbox chunk missing"))?;
+            let chunk: OutboxChunk = postcard::from_bytes(&v).map_err(|e| self.corrupt(&key, e))?;
+            if chunk.seq != marker.seq {
+                return Err(self.corrupt(
+                    &key,
+                    format!("outbox chunk of cycle {} under marker {}", chunk.seq, marker.seq),
+                ));
+            }
+            out.extend(chunk.events);
+        }
+        Ok(out)
+    }
+
     /// Flushes memtables to disk (before a checkpoint or at shutdown).
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(|e| self.rocks(e))
@@ -291,7 +380,7 @@ impl Store {
                     dedupe.push((u128::from_be_bytes(id), Nanos::from_le_bytes(at)));
                     stats.dedupe += 1;
                 }
-                Some(b'p') => {}
+                Some(b'p' | b'c' | b'o') => {}
                 _ => return Err(self.corrupt(&k, "unknown record kind")),
             }
             let n = stats.series + stats.batches + stats.dedupe;
