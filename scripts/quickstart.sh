@@ -34,7 +34,7 @@ group_id = "quickstart"
 input_topics = ["votes"]
 topic_partitions = 2
 # the test broker has no Kafka transactions; use exactly_once on Kafka/Redpanda
-delivery = "at_least_once"
+delivery = "exactly_once_outbox"
 [kafka.properties]
 "session.timeout.ms" = "6000"
 "max.poll.interval.ms" = "6000"

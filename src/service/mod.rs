@@ -163,7 +163,11 @@ fn crc32(data: &[u8]) -> u32 {
         for (i, e) in t.iter_mut().enumerate() {
             let mut c = i as u32;
             for _ in 0..8 {
-                c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+                c = if c & 1 != 0 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
             }
             *e = c;
         }
@@ -322,12 +326,9 @@ impl ConsumerContext for Ctx {
             Rebalance::Revoke(tpl) => {
                 let lost = consumer.assignment_lost();
                 if lost {
-                    tracing::warn!(
-                        "partitions lost: aborting the open cycle without committing"
-                    );
+                    tracing::warn!("partitions lost: aborting the open cycle without committing");
                     inner.abort();
-                } else if let Err(e) = inner.commit(consumer).and_then(|_| inner.seal_delivered())
-                {
+                } else if let Err(e) = inner.commit(consumer).and_then(|_| inner.seal_delivered()) {
                     tracing::error!("commit before revoke failed: {e:#}");
                     inner.broken.get_or_insert(e);
                 }
@@ -617,7 +618,12 @@ impl Inner {
                 continue;
             }
             consumer
-                .seek(&tp.0, tp.1, Offset::Offset(part.next_offset), Duration::from_secs(10))
+                .seek(
+                    &tp.0,
+                    tp.1,
+                    Offset::Offset(part.next_offset),
+                    Duration::from_secs(10),
+                )
                 .map_err(|e| anyhow!("seek {}-{} to {}: {e}", tp.0, tp.1, part.next_offset))?;
             tracing::debug!(topic = %tp.0, partition = tp.1, offset = part.next_offset, "continuing from the restored state");
         }
@@ -749,7 +755,14 @@ impl Inner {
                 .push((CYCLE_KEY.to_vec(), Some(encode_value(&marker))));
             let topic = self.names.changelog(&tp.0);
             for (k, v) in &part.pending {
-                send_record(&self.producer, &topic, Some(k), v.as_deref(), Some(tp.1), None)?;
+                send_record(
+                    &self.producer,
+                    &topic,
+                    Some(k),
+                    v.as_deref(),
+                    Some(tp.1),
+                    None,
+                )?;
             }
             part.marker = marker;
         }
@@ -791,7 +804,9 @@ impl Inner {
                 .get(&(self.names.changelog(&tp.0), tp.1))
                 .map(|o| o + 1);
             let positions: Vec<(&str, i64)> = pos.map(|p| (CHANGELOG_POS, p)).into_iter().collect();
-            part.store.apply(&records, &positions).map_err(store_fatal)?;
+            part.store
+                .apply(&records, &positions)
+                .map_err(store_fatal)?;
             tracing::debug!(topic = %tp.0, partition = tp.1, seq = part.marker.seq,
                 next_offset = part.marker.next_offset, changelog_pos = ?pos,
                 records = records.len(), events = part.out.len(), "cycle written");
@@ -937,8 +952,7 @@ impl Inner {
         let started = Instant::now();
         // (prefix, events) per partition; scan targets per output topic.
         let mut cycles: Vec<(Tp, u64, Vec<OutEvent>)> = Vec::new();
-        let mut targets: std::collections::BTreeMap<u8, HashMap<i32, Offset>> =
-            Default::default();
+        let mut targets: std::collections::BTreeMap<u8, HashMap<i32, Offset>> = Default::default();
         for tp in tps {
             let part = self
                 .parts
@@ -1052,9 +1066,8 @@ impl Inner {
             p.out_bytes = 0;
         }
         // In-memory state now runs ahead of what was committed.
-        self.broken.get_or_insert_with(|| {
-            anyhow!("cycle aborted; rebuilding state from the last commit")
-        });
+        self.broken
+            .get_or_insert_with(|| anyhow!("cycle aborted; rebuilding state from the last commit"));
     }
 }
 
@@ -1176,7 +1189,10 @@ fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec<Res
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let store = Store::open(&dir).map_err(store_fatal)?;
-        let from = store.position(CHANGELOG_POS).map_err(store_fatal)?.unwrap_or(0);
+        let from = store
+            .position(CHANGELOG_POS)
+            .map_err(store_fatal)?
+            .unwrap_or(0);
         stores.push((tp.clone(), store, from));
     }
     let caught = catch_up(cfg, names, &stores)?;
@@ -1524,4 +1540,25 @@ fn poll_loop(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc32_matches_the_ieee_check_value() {
+        // The standard check value, and librdkafka's partitioner input.
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+        assert_eq!(crc32(b""), 0);
+    }
+
+    #[test]
+    fn origin_headers_name_partition_cycle_and_index() {
+        let tp: Tp = ("votes".into(), 3);
+        assert_eq!(origin(&tp, 12, 0), "votes/3/12/0");
+        assert!(origin(&tp, 12, 7).starts_with(&origin_prefix(&tp, 12)));
+        // cycle 1 is not a prefix of cycle 12's events
+        assert!(!origin(&tp, 12, 7).starts_with(&origin_prefix(&tp, 1)));
+    }
 }

@@ -317,7 +317,10 @@ impl Store {
             if chunk.seq != marker.seq {
                 return Err(self.corrupt(
                     &key,
-                    format!("outbox chunk of cycle {} under marker {}", chunk.seq, marker.seq),
+                    format!(
+                        "outbox chunk of cycle {} under marker {}",
+                        chunk.seq, marker.seq
+                    ),
                 ));
             }
             out.extend(chunk.events);
@@ -446,6 +449,63 @@ pub fn is_database(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cycle_marker_and_outbox_round_trip_and_refuse_a_stale_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.cycle_marker().unwrap(), None);
+        let ev = |i: u8| OutEvent {
+            topic: i % 3,
+            partition: i as i32,
+            key: Some(vec![i]),
+            payload: vec![b'x'; i as usize],
+        };
+        let marker = CycleMarker {
+            seq: 7,
+            next_offset: 42,
+            outbox_chunks: 2,
+            delivered: false,
+            floors: vec![(0, 1, 10)],
+        };
+        let records = vec![
+            (
+                outbox_key(0),
+                Some(encode_value(&OutboxChunk {
+                    seq: 7,
+                    events: vec![ev(1), ev(2)],
+                })),
+            ),
+            (
+                outbox_key(1),
+                Some(encode_value(&OutboxChunk {
+                    seq: 7,
+                    events: vec![ev(3)],
+                })),
+            ),
+            (CYCLE_KEY.to_vec(), Some(encode_value(&marker))),
+        ];
+        store.apply(&records, &[]).unwrap();
+        assert_eq!(store.cycle_marker().unwrap(), Some(marker.clone()));
+        assert_eq!(store.outbox(&marker).unwrap(), vec![ev(1), ev(2), ev(3)]);
+        // The engine load ignores markers and outbox chunks.
+        let cfg = crate::config::Config::load(None).unwrap().engine();
+        let (_, stats) = store.load(cfg, |_| {}).unwrap();
+        assert_eq!(stats.series, 0);
+        // A chunk left from an older cycle is never taken for this one.
+        let stale = vec![(
+            outbox_key(1),
+            Some(encode_value(&OutboxChunk {
+                seq: 6,
+                events: vec![ev(4)],
+            })),
+        )];
+        store.apply(&stale, &[]).unwrap();
+        assert!(matches!(
+            store.outbox(&marker),
+            Err(StoreError::Corrupt { .. })
+        ));
+    }
 
     #[test]
     fn series_keys_round_trip_and_prefix_by_inference() {

@@ -240,8 +240,13 @@ dir = "{state}"
     /// not rely on either.
     pub fn publish(&self, file: &Path) -> u64 {
         let one_per_batch = [("batch.num.messages".to_owned(), "1".to_owned())];
-        jurystream::service::produce::produce(file, &self.input_topic, &self.bootstrap, &one_per_batch)
-            .unwrap()
+        jurystream::service::produce::produce(
+            file,
+            &self.input_topic,
+            &self.bootstrap,
+            &one_per_batch,
+        )
+        .unwrap()
     }
 }
 
@@ -295,7 +300,10 @@ impl Service {
             .args(["run", "--config"])
             .arg(config)
             .envs(env.iter().copied())
-            .env("JURYSTREAM_LOG", std::env::var("JURYSTREAM_TEST_LOG").unwrap_or_else(|_| "info,rdkafka=warn".into()))
+            .env(
+                "JURYSTREAM_LOG",
+                std::env::var("JURYSTREAM_TEST_LOG").unwrap_or_else(|_| "info,rdkafka=warn".into()),
+            )
             .stdout(Stdio::null())
             .stderr(f)
             .spawn()
