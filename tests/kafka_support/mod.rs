@@ -346,7 +346,7 @@ pub fn read_committed(
     topics: &[String],
 ) -> Vec<(String, i32, i64, Option<String>, Value)> {
     let mut out = Vec::new();
-    read_all(bootstrap, topics, |m| {
+    read_all(bootstrap, topics, &mut out, |out, m| {
         let v: Value = serde_json::from_slice(m.payload().unwrap_or(b"null")).unwrap();
         out.push((
             m.topic().to_owned(),
@@ -363,7 +363,7 @@ pub fn read_committed(
 pub fn read_origins(bootstrap: &str, topics: &[String]) -> Vec<String> {
     use rdkafka::message::Headers;
     let mut out = Vec::new();
-    read_all(bootstrap, topics, |m| {
+    read_all(bootstrap, topics, &mut out, |out, m| {
         if let Some(h) = m.headers() {
             for x in h.iter() {
                 if x.key == "jurystream-origin" {
@@ -375,8 +375,34 @@ pub fn read_origins(bootstrap: &str, topics: &[String]) -> Vec<String> {
     out
 }
 
-/// Calls `f` for every message of `topics`, read to the end.
-fn read_all(bootstrap: &str, topics: &[String], mut f: impl FnMut(&BorrowedMessage<'_>)) {
+/// Calls `f` for every message of `topics`, read to the end, into `out`.
+/// A broker that is down for a moment (a test restarting it) makes the
+/// whole read start again.
+fn read_all<T>(
+    bootstrap: &str,
+    topics: &[String],
+    out: &mut Vec<T>,
+    mut f: impl FnMut(&mut Vec<T>, &BorrowedMessage<'_>),
+) {
+    for attempt in 0..30 {
+        out.clear();
+        match read_once(bootstrap, topics, out, &mut f) {
+            Ok(()) => return,
+            Err(e) if attempt < 29 => {
+                eprintln!("reader: {e}; reading again");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(e) => panic!("reader: {e}"),
+        }
+    }
+}
+
+fn read_once<T>(
+    bootstrap: &str,
+    topics: &[String],
+    out: &mut Vec<T>,
+    f: &mut impl FnMut(&mut Vec<T>, &BorrowedMessage<'_>),
+) -> Result<(), KafkaError> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "jurystream-test-reader")
@@ -404,9 +430,9 @@ fn read_all(bootstrap: &str, topics: &[String], mut f: impl FnMut(&BorrowedMessa
         }
     }
     if parts == 0 {
-        return;
+        return Ok(());
     }
-    consumer.assign(&tpl).unwrap();
+    consumer.assign(&tpl)?;
     // Each assigned partition reports EOF once it has been read to its end.
     let mut eofs = 0;
     let end = Instant::now() + Duration::from_secs(60);
@@ -414,10 +440,11 @@ fn read_all(bootstrap: &str, topics: &[String], mut f: impl FnMut(&BorrowedMessa
         match consumer.poll(Duration::from_millis(500)) {
             None => {}
             Some(Err(KafkaError::PartitionEOF(_))) => eofs += 1,
-            Some(Err(e)) => panic!("reader: {e}"),
-            Some(Ok(m)) => f(&m),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(m)) => f(out, &m),
         }
     }
+    Ok(())
 }
 
 /// An event reduced to what must be equal between runs: no processed_at,
