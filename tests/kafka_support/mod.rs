@@ -165,6 +165,19 @@ pub struct Setup {
 
 impl Setup {
     pub fn new(broker: &Broker, name: &str, partitions: i32, delivery: &str, extra: &str) -> Setup {
+        Self::with_max_poll(broker, name, partitions, delivery, extra, 6000)
+    }
+
+    /// Like [`Setup::new`] with another `max.poll.interval.ms` (also the
+    /// group's rebalance timeout, which tansu waits out on the first join).
+    pub fn with_max_poll(
+        broker: &Broker,
+        name: &str,
+        partitions: i32,
+        delivery: &str,
+        extra: &str,
+        max_poll_ms: u32,
+    ) -> Setup {
         let mut dir = tempfile::tempdir().unwrap();
         // JURYSTREAM_TEST_KEEP=1 keeps logs and state for a post-mortem.
         if std::env::var_os("JURYSTREAM_TEST_KEEP").is_some() {
@@ -197,7 +210,7 @@ delivery = "{delivery}"
 
 [kafka.properties]
 "session.timeout.ms" = "6000"
-"max.poll.interval.ms" = "6000"
+"max.poll.interval.ms" = "{max_poll_ms}"
 "heartbeat.interval.ms" = "500"
 
 [state]
