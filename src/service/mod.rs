@@ -630,6 +630,18 @@ impl Inner {
         Ok(())
     }
 
+    /// Publishes event `idx` of cycle `seq` of partition `tp` from its outbox.
+    fn publish_outboxed(&self, tp: &Tp, seq: u64, idx: u32, ev: &OutEvent) -> Result<()> {
+        send_record(
+            &self.producer,
+            &self.outputs[ev.topic as usize],
+            ev.key.as_deref(),
+            Some(&ev.payload),
+            Some(ev.partition),
+            Some(&origin(tp, seq, idx)),
+        )
+    }
+
     /// Bytes of events waiting in outboxes.
     fn outbox_bytes(&self) -> usize {
         self.parts.values().map(|p| p.out_bytes).sum()
@@ -819,14 +831,7 @@ impl Inner {
                     continue;
                 };
                 for (i, ev) in part.out.iter().enumerate() {
-                    send_record(
-                        &self.producer,
-                        &self.outputs[ev.topic as usize],
-                        ev.key.as_deref(),
-                        Some(&ev.payload),
-                        Some(ev.partition),
-                        Some(&origin(tp, part.marker.seq, i as u32)),
-                    )?;
+                    self.publish_outboxed(tp, part.marker.seq, i as u32, ev)?;
                 }
             }
             self.flush_acked("flush events")?;
@@ -999,14 +1004,7 @@ impl Inner {
                 if present.contains(&(i, j as u32)) {
                     continue;
                 }
-                send_record(
-                    &self.producer,
-                    &self.outputs[ev.topic as usize],
-                    ev.key.as_deref(),
-                    Some(&ev.payload),
-                    Some(ev.partition),
-                    Some(&origin(tp, *seq, j as u32)),
-                )?;
+                self.publish_outboxed(tp, *seq, j as u32, ev)?;
                 resent[i] += 1;
             }
         }
