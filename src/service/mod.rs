@@ -938,9 +938,17 @@ impl Inner {
             if !part.marker.delivered && part.marker.outbox_chunks > 0 {
                 in_doubt.push(tp.clone());
             }
+            // The group offset can lag the marker by a cycle (a crash
+            // between the changelog and the group commit): commit the
+            // marker's position in the next cycle, so consumer lag reads
+            // right even when no further record arrives on this partition.
+            let catch_up_offset = part.next_offset >= 0;
+            if catch_up_offset {
+                self.offsets.insert(tp.clone(), part.next_offset);
+            }
             let dirty = part.dirty;
             self.parts.insert(tp, part);
-            if dirty {
+            if dirty || catch_up_offset {
                 self.ensure_txn()?;
             }
         }

@@ -82,7 +82,12 @@ pub struct Broker {
 
 impl Broker {
     fn start(tansu: PathBuf, storage: Option<&str>) -> Broker {
-        let dir = tempfile::tempdir().unwrap();
+        let mut dir = tempfile::tempdir().unwrap();
+        // JURYSTREAM_TEST_KEEP=1 keeps the broker's log (tansu.log) too.
+        if std::env::var_os("JURYSTREAM_TEST_KEEP").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("keeping broker dir {}", dir.path().display());
+        }
         let storage = match storage {
             // tansu resolves the path against its working directory (the temp dir)
             Some("sqlite") => "sqlite://tansu.db".to_owned(),
