@@ -548,6 +548,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::type_complexity)] // a table of cases
     fn errors_name_the_key() {
         let cases: &[(&str, &[(&str, &str)], &str)] = &[
             ("[scoring]\nlamda = 0.01\n", &[], "lamda"),

@@ -328,7 +328,7 @@ fn process_lines<R: Read + Send, W: Write>(
             }
             progress.update(summary.lines, chunk.bytes, engine.counters.accepted);
             if let Some(m) = &w.metrics {
-                m.observe_engine("0", &engine);
+                m.observe_engine("0", engine);
             }
         }
         Ok(())

@@ -150,7 +150,9 @@ fn comparator_reads_times_and_tolerates_only_what_it_should() {
         "type": "score_updated", "processed_at": "y", "score": 0.5000000000001,
         "batch": {"last_vote_at": "2024-01-01T00:00:00.000Z", "vote_ids": ["derived:2"]}
     });
-    assert!(compare_events(&[e.clone()], &[same], CompareOptions::default()).is_empty());
+    assert!(
+        compare_events(std::slice::from_ref(&e), &[same], CompareOptions::default()).is_empty()
+    );
     let off = serde_json::json!({
         "type": "score_updated", "processed_at": "y", "score": 0.5001,
         "batch": {"last_vote_at": "2024-01-01T00:00:00Z", "vote_ids": ["derived:1"]}

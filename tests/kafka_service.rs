@@ -18,72 +18,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn wait_for_count(setup: &Setup, n: usize, deadline: Duration, svc: &Service) -> usize {
-    let end = std::time::Instant::now() + deadline;
-    loop {
-        let got = read_committed(&setup.bootstrap, &setup.output_topics()).len();
-        if got > n {
-            panic!(
-                "more output events than expected: {got} > {n}\n{}",
-                svc.log_text()
-            );
-        }
-        if got == n {
-            return got;
-        }
-        if std::time::Instant::now() > end {
-            let log = svc.log_text();
-            let tail: String = log
-                .lines()
-                .rev()
-                .take(60)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n");
-            // The caller's comparison says what is missing or extra.
-            eprintln!("timed out waiting for {n} committed output events: {got} read\n{tail}");
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-fn assert_same_events(setup: &Setup, expected: &[serde_json::Value]) {
-    let got = read_committed(&setup.bootstrap, &setup.output_topics());
-    let got_values: Vec<serde_json::Value> = got.iter().map(|e| e.4.clone()).collect();
-    let want = multiset(expected);
-    let have = multiset(&got_values);
-    if want != have {
-        let missing: Vec<_> = want.iter().filter(|e| !have.contains(e)).take(3).collect();
-        let extra: Vec<_> = have.iter().filter(|e| !want.contains(e)).take(3).collect();
-        panic!(
-            "outputs differ from replay: {} expected, {} read\nmissing: {missing:#?}\nextra: {extra:#?}",
-            want.len(),
-            have.len()
-        );
-    }
-    // Events of one series keep their order (update_seq increases by one).
-    let mut last: HashMap<(String, String), u64> = HashMap::new();
-    for (topic, _, _, key, v) in &got {
-        if topic == &setup.scores {
-            let k = (
-                v["inference_id"].as_str().unwrap().to_owned(),
-                v["voter_prompt_id"].as_str().unwrap().to_owned(),
-            );
-            assert_eq!(
-                key.as_deref(),
-                Some(k.0.as_str()),
-                "score key is the inference id"
-            );
-            let seq = v["update_seq"].as_u64().unwrap();
-            let prev = last.insert(k.clone(), seq).unwrap_or(0);
-            assert_eq!(seq, prev + 1, "update_seq order for {k:?}");
-        }
-    }
-}
-
 fn committed_offsets(setup: &Setup, group: &str) -> HashMap<i32, i64> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &setup.bootstrap)
@@ -171,7 +105,7 @@ fn same_events_as_replay_and_clean_sigterm() {
     );
     assert_same_events(&setup, &expected);
     // DLQ records name their source offset and keep the original key.
-    let dlq: Vec<_> = read_committed(&setup.bootstrap, &[setup.dlq.clone()]);
+    let dlq: Vec<_> = read_committed(&setup.bootstrap, std::slice::from_ref(&setup.dlq));
     assert!(!dlq.is_empty());
     for (_, _, _, key, v) in &dlq {
         assert_eq!(v["source"]["topic"], setup.input_topic.as_str());
@@ -482,7 +416,7 @@ fn every_bad_input_class_lands_in_the_dlq_with_its_offset() {
     let svc = Service::start(&setup, "a");
     let n_bad = lines.iter().filter(|(r, _)| !r.is_empty()).count();
     let dlq = wait_for("every rejection", Duration::from_secs(120), || {
-        let d = read_committed(&setup.bootstrap, &[setup.dlq.clone()]);
+        let d = read_committed(&setup.bootstrap, std::slice::from_ref(&setup.dlq));
         (d.len() >= n_bad).then_some(d)
     });
     assert_eq!(dlq.len(), n_bad, "{}", svc.log_text());

@@ -407,7 +407,7 @@ fn run(name: &str, seed: u64) -> Option<Run> {
     let expected = expected_counts(&input, produced, &setup);
     eprintln!("expected counts: {expected:?}");
     assert!(expected.score_updates > 0 && expected.flags > 0 && expected.duplicates > 0);
-    let scores = read_committed(&setup.bootstrap, &[setup.scores.clone()])
+    let scores = read_committed(&setup.bootstrap, std::slice::from_ref(&setup.scores))
         .into_iter()
         .map(|e| e.4)
         .collect();

@@ -155,6 +155,7 @@ fn any_line() -> impl Strategy<Value = String> {
 
 /// What the engine emitted, in order.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // test data, compared whole
 enum Ev {
     Update(ScoreUpdate),
     Rejected(Reason),

@@ -92,7 +92,7 @@ fn duplicates_are_dropped_before_lateness_and_do_not_move_the_watermark() {
     let wm = e.watermark();
     run(&mut e, &[vote("k", "a", Some(1.0), "2024-01-01T00:05:00Z")]);
     // now the window of v is closed, but a redelivery is still a duplicate
-    let (_, o) = run(&mut e, &[v.clone()]);
+    let (_, o) = run(&mut e, std::slice::from_ref(&v));
     assert_eq!(o, vec![Outcome::Duplicate]);
     assert_ne!(e.watermark(), wm);
     // same vote_id in another series is another vote
@@ -199,10 +199,10 @@ fn retention_forgets_old_identities() {
         &[v.clone(), vote("j", "a", Some(1.0), "2024-01-01T01:00:05Z")],
     );
     // watermark 01:00:00: exactly the retention, not more → still a duplicate
-    let (_, o) = run(&mut e, &[v.clone()]);
+    let (_, o) = run(&mut e, std::slice::from_ref(&v));
     assert_eq!(o, vec![Outcome::Duplicate]);
     run(&mut e, &[vote("j", "b", Some(1.0), "2024-01-01T01:00:06Z")]);
-    let (_, o) = run(&mut e, &[v.clone()]);
+    let (_, o) = run(&mut e, std::slice::from_ref(&v));
     assert_eq!(o, vec![Outcome::Accepted]);
 }
 

@@ -214,7 +214,7 @@ pub fn write_timestamp(out: &mut String, t: Nanos) {
         push(b'.');
         let mut f = nanos;
         let mut width = 9;
-        while f % 10 == 0 {
+        while f.is_multiple_of(10) {
             f /= 10;
             width -= 1;
         }

@@ -183,6 +183,26 @@ impl Setup {
         extra: &str,
         max_poll_ms: u32,
     ) -> Setup {
+        Self::at(
+            &broker.bootstrap(),
+            name,
+            partitions,
+            delivery,
+            extra,
+            max_poll_ms,
+        )
+    }
+
+    /// A setup for the broker(s) at `bootstrap` (the tansu broker, or an
+    /// rdkafka mock cluster).
+    pub fn at(
+        bootstrap: &str,
+        name: &str,
+        partitions: i32,
+        delivery: &str,
+        extra: &str,
+        max_poll_ms: u32,
+    ) -> Setup {
         let mut dir = tempfile::tempdir().unwrap();
         // JURYSTREAM_TEST_KEEP=1 keeps logs and state for a post-mortem.
         if std::env::var_os("JURYSTREAM_TEST_KEEP").is_some() {
@@ -222,7 +242,6 @@ delivery = "{delivery}"
 dir = "{state}"
 {extra}
 "#,
-            bootstrap = broker.bootstrap(),
             state = dir.path().join("state").display(),
         );
         std::fs::write(&config, text).unwrap();
@@ -233,7 +252,7 @@ dir = "{state}"
             scores,
             flags,
             dlq,
-            bootstrap: broker.bootstrap(),
+            bootstrap: bootstrap.to_owned(),
         }
     }
 
@@ -549,7 +568,7 @@ pub fn generate_votes(path: &Path, n: usize, seed: u64) {
         let secs = t % 86_400;
         let line = format!(
             "{{\"inference_id\": \"inf-{inf}\", \"voter_id\": \"v{voter}\", \"voter_prompt_id\": \"{rubric}\", \"vote\": {vote}, \"timestamp\": \"2024-07-{:02}T{:02}:{:02}:{:02}.{:03}Z\", \"vote_id\": \"id-{i}\", \"model_id\": \"{}\"}}",
-            7 + (t - base + 0) / 86_400,
+            7 + (t - base) / 86_400,
             secs / 3600,
             secs / 60 % 60,
             secs % 60,
@@ -589,4 +608,74 @@ pub fn transactions_supported(bootstrap: &str, topic: &str) -> Result<(), String
         .map_err(|(e, _)| e.to_string())?;
     p.commit_transaction(Duration::from_secs(30))
         .map_err(|e| e.to_string())
+}
+
+/// Polls the committed output until it holds `n` events (panics on more;
+/// prints the service log's tail and returns the count on timeout).
+pub fn wait_for_count(setup: &Setup, n: usize, deadline: Duration, svc: &Service) -> usize {
+    let end = std::time::Instant::now() + deadline;
+    loop {
+        let got = read_committed(&setup.bootstrap, &setup.output_topics()).len();
+        if got > n {
+            panic!(
+                "more output events than expected: {got} > {n}\n{}",
+                svc.log_text()
+            );
+        }
+        if got == n {
+            return got;
+        }
+        if std::time::Instant::now() > end {
+            let log = svc.log_text();
+            let tail: String = log
+                .lines()
+                .rev()
+                .take(60)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n");
+            // The caller's comparison says what is missing or extra.
+            eprintln!("timed out waiting for {n} committed output events: {got} read\n{tail}");
+            return got;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The committed output equals `expected` as a multiset, and each series'
+/// score events come in update_seq order.
+pub fn assert_same_events(setup: &Setup, expected: &[serde_json::Value]) {
+    let got = read_committed(&setup.bootstrap, &setup.output_topics());
+    let got_values: Vec<serde_json::Value> = got.iter().map(|e| e.4.clone()).collect();
+    let want = multiset(expected);
+    let have = multiset(&got_values);
+    if want != have {
+        let missing: Vec<_> = want.iter().filter(|e| !have.contains(e)).take(3).collect();
+        let extra: Vec<_> = have.iter().filter(|e| !want.contains(e)).take(3).collect();
+        panic!(
+            "outputs differ from replay: {} expected, {} read\nmissing: {missing:#?}\nextra: {extra:#?}",
+            want.len(),
+            have.len()
+        );
+    }
+    // Events of one series keep their order (update_seq increases by one).
+    let mut last: HashMap<(String, String), u64> = HashMap::new();
+    for (topic, _, _, key, v) in &got {
+        if topic == &setup.scores {
+            let k = (
+                v["inference_id"].as_str().unwrap().to_owned(),
+                v["voter_prompt_id"].as_str().unwrap().to_owned(),
+            );
+            assert_eq!(
+                key.as_deref(),
+                Some(k.0.as_str()),
+                "score key is the inference id"
+            );
+            let seq = v["update_seq"].as_u64().unwrap();
+            let prev = last.insert(k.clone(), seq).unwrap_or(0);
+            assert_eq!(seq, prev + 1, "update_seq order for {k:?}");
+        }
+    }
 }
