@@ -123,7 +123,8 @@ fn main() {
                     offsets.insert(m.partition(), m.offset() + 1);
                 }
                 if cycle.elapsed() >= Duration::from_millis(100) && !offsets.is_empty() {
-                    producer.flush(Duration::from_secs(60)).expect("flush");
+                    jurystream::service::produce::flush_now(&producer, Duration::from_secs(60))
+                        .expect("flush");
                     let mut tpl = TopicPartitionList::new();
                     for (p, o) in &offsets {
                         tpl.add_partition_offset(input, *p, Offset::Offset(*o))

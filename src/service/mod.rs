@@ -445,8 +445,7 @@ impl Inner {
 
     /// Waits until everything queued is acknowledged.
     fn flush_acked(&self, what: &str) -> Result<()> {
-        self.producer
-            .flush(Duration::from_secs(60))
+        produce::flush_now(&self.producer, Duration::from_secs(60))
             .map_err(|e| kafka_err(what, e))?;
         self.producer.poll(Duration::ZERO);
         match self.producer.context().take_failure() {
@@ -719,6 +718,7 @@ impl Inner {
         if self.mode == Mode::AtLeastOnce {
             self.flush_acked("flush events")?;
         }
+        let t_events = started.elapsed();
         let acked = self.producer.context().acked();
         for tp in &sealing {
             let Some(part) = self.parts.get_mut(tp) else {
@@ -805,6 +805,7 @@ impl Inner {
             self.flush_acked("flush changelog")?;
         }
         self.in_txn = false;
+        let t_changelog = started.elapsed();
         // The changelog is durable: RocksDB follows, with the position.
         let acked = self.producer.context().acked();
         for tp in &sealing {
@@ -825,6 +826,7 @@ impl Inner {
             part.dirty = false;
             part.out_count = 0;
         }
+        let t_store = started.elapsed();
         if self.mode == Mode::Outbox {
             for tp in &sealing {
                 let Some(part) = self.parts.get(tp) else {
@@ -840,12 +842,22 @@ impl Inner {
                 part.out_bytes = 0;
             }
         }
+        let t_publish = started.elapsed();
         if self.mode != Mode::Transactional && tpl.count() > 0 {
             consumer
                 .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
                 .map_err(|e| kafka_err("commit offsets", e))?;
         }
         self.offsets.clear();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        tracing::debug!(
+            events_ms = ms(t_events),
+            changelog_ms = ms(t_changelog - t_events),
+            store_ms = ms(t_store - t_changelog),
+            publish_ms = ms(t_publish - t_store),
+            offsets_ms = ms(started.elapsed() - t_publish),
+            "cycle phases"
+        );
         self.metrics
             .commit_duration(started.elapsed().as_secs_f64());
         self.refresh_gauges();

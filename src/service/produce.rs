@@ -9,6 +9,31 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
+/// Waits until every message `producer` has queued is acknowledged (or
+/// failed: the delivery reports are served), for at most `timeout`.
+///
+/// `Producer::flush` of rust-rdkafka polls in steps of 100 ms and its poll
+/// waits out each step even when the last acknowledgement arrived at once,
+/// so every flush took ≥ 100 ms. This one asks librdkafka to send at once
+/// and checks again every millisecond.
+pub fn flush_now<C: rdkafka::producer::ProducerContext>(
+    producer: &BaseProducer<C>,
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match producer.flush(Duration::ZERO) {
+            Ok(()) => return Ok(()),
+            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => {}
+            Err(e) => return Err(e),
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+        }
+        producer.poll(Duration::from_millis(1));
+    }
+}
+
 /// The record key of a line: its `inference_id` (decimal form for integers), if any.
 pub fn key_of(line: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
