@@ -292,6 +292,29 @@ struct Inner {
     unowned: HashMap<Tp, Instant>,
     /// Assigned partitions whose state is still to be restored.
     to_restore: Vec<Tp>,
+    /// How long one step of a commit cycle (a flush, a transaction commit
+    /// or abort) may take: [`CYCLE_STEP_TIMEOUT`], or the revoke deadline
+    /// while partitions are being handed over.
+    step_timeout: Duration,
+    /// The revoke deadline: two thirds of the consumer's session timeout.
+    revoke_timeout: Duration,
+}
+
+/// How long one step of a commit cycle may take outside a rebalance.
+const CYCLE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The deadline for finishing (or aborting) the open cycle when partitions
+/// are revoked: shorter than the session timeout (`session.timeout.ms` in
+/// `kafka.properties`, librdkafka's default 45 s), so the member is not
+/// expelled while it hands its partitions over.
+fn revoke_timeout(cfg: &Config) -> Duration {
+    let session_ms = cfg
+        .kafka_properties()
+        .into_iter()
+        .find(|(k, _)| k == "session.timeout.ms")
+        .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+        .unwrap_or(45_000);
+    Duration::from_millis((session_ms * 2 / 3).max(1_000))
 }
 
 struct Ctx {
@@ -328,9 +351,19 @@ impl ConsumerContext for Ctx {
                 if lost {
                     tracing::warn!("partitions lost: aborting the open cycle without committing");
                     inner.abort();
-                } else if let Err(e) = inner.commit(consumer).and_then(|_| inner.seal_delivered()) {
-                    tracing::error!("commit before revoke failed: {e:#}");
-                    inner.broken.get_or_insert(e);
+                } else {
+                    let started = Instant::now();
+                    inner.step_timeout = inner.revoke_timeout;
+                    let result = inner.commit(consumer).and_then(|_| inner.seal_delivered());
+                    inner.step_timeout = CYCLE_STEP_TIMEOUT;
+                    if let Err(e) = result {
+                        tracing::error!(
+                            deadline_ms = inner.revoke_timeout.as_millis() as u64,
+                            elapsed_ms = started.elapsed().as_millis() as u64,
+                            "commit before revoke failed (the cycle was aborted): {e:#}"
+                        );
+                        inner.broken.get_or_insert(e);
+                    }
                 }
                 for el in tpl.elements() {
                     let tp = (el.topic().to_owned(), el.partition());
@@ -445,7 +478,7 @@ impl Inner {
 
     /// Waits until everything queued is acknowledged.
     fn flush_acked(&self, what: &str) -> Result<()> {
-        produce::flush_now(&self.producer, Duration::from_secs(60))
+        produce::flush_now(&self.producer, self.step_timeout)
             .map_err(|e| kafka_err(what, e))?;
         self.producer.poll(Duration::ZERO);
         match self.producer.context().take_failure() {
@@ -789,11 +822,11 @@ impl Inner {
                     .group_metadata()
                     .ok_or_else(|| anyhow!("no consumer group metadata"))?;
                 self.producer
-                    .send_offsets_to_transaction(&tpl, &meta, Duration::from_secs(30))
+                    .send_offsets_to_transaction(&tpl, &meta, self.step_timeout)
                     .map_err(|e| kafka_err("send offsets to transaction", e))?;
             }
             self.producer
-                .commit_transaction(Duration::from_secs(60))
+                .commit_transaction(self.step_timeout)
                 .map_err(|e| kafka_err("commit transaction", e))?;
             self.producer.poll(Duration::ZERO);
             if let Some(f) = self.producer.context().take_failure() {
@@ -1071,7 +1104,7 @@ impl Inner {
     fn abort(&mut self) {
         if self.in_txn {
             if self.mode == Mode::Transactional {
-                if let Err(e) = self.producer.abort_transaction(Duration::from_secs(30)) {
+                if let Err(e) = self.producer.abort_transaction(self.step_timeout) {
                     tracing::error!("abort transaction failed: {e}");
                 }
             }
@@ -1445,6 +1478,8 @@ fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics
                 .map(|tp| (tp, Instant::now()))
                 .collect(),
             to_restore: Vec::new(),
+            step_timeout: CYCLE_STEP_TIMEOUT,
+            revoke_timeout: revoke_timeout(cfg),
         })),
         metrics: metrics.clone(),
     };
@@ -1563,6 +1598,21 @@ fn poll_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revoke_deadline_is_shorter_than_the_session_timeout() {
+        let mut cfg = Config::from_layers(None, &[]).unwrap();
+        assert_eq!(revoke_timeout(&cfg), Duration::from_secs(30));
+        cfg.kafka.properties.insert(
+            "session.timeout.ms".into(),
+            toml::Value::String("6000".into()),
+        );
+        assert_eq!(revoke_timeout(&cfg), Duration::from_secs(4));
+        cfg.kafka
+            .properties
+            .insert("session.timeout.ms".into(), toml::Value::Integer(900));
+        assert_eq!(revoke_timeout(&cfg), Duration::from_secs(1));
+    }
 
     #[test]
     fn crc32_matches_the_ieee_check_value() {
