@@ -478,8 +478,7 @@ impl Inner {
 
     /// Waits until everything queued is acknowledged.
     fn flush_acked(&self, what: &str) -> Result<()> {
-        produce::flush_now(&self.producer, self.step_timeout)
-            .map_err(|e| kafka_err(what, e))?;
+        produce::flush_now(&self.producer, self.step_timeout).map_err(|e| kafka_err(what, e))?;
         self.producer.poll(Duration::ZERO);
         match self.producer.context().take_failure() {
             Some(f) => Err(anyhow!("{what}: delivery failed: {f}")),
