@@ -292,10 +292,11 @@ struct Inner {
     unowned: HashMap<Tp, Instant>,
     /// Assigned partitions whose state is still to be restored.
     to_restore: Vec<Tp>,
-    /// How long one step of a commit cycle (a flush, a transaction commit
-    /// or abort) may take: [`CYCLE_STEP_TIMEOUT`], or the revoke deadline
-    /// while partitions are being handed over.
-    step_timeout: Duration,
+    /// While partitions are handed over: when the open cycle must be
+    /// finished (or aborted) by. Outside a rebalance each step of a cycle
+    /// (a flush, a transaction commit or abort) may take
+    /// [`CYCLE_STEP_TIMEOUT`].
+    deadline: Option<Instant>,
     /// The revoke deadline: two thirds of the consumer's session timeout.
     revoke_timeout: Duration,
 }
@@ -353,9 +354,9 @@ impl ConsumerContext for Ctx {
                     inner.abort();
                 } else {
                     let started = Instant::now();
-                    inner.step_timeout = inner.revoke_timeout;
+                    inner.deadline = Some(started + inner.revoke_timeout);
                     let result = inner.commit(consumer).and_then(|_| inner.seal_delivered());
-                    inner.step_timeout = CYCLE_STEP_TIMEOUT;
+                    inner.deadline = None;
                     if let Err(e) = result {
                         tracing::error!(
                             deadline_ms = inner.revoke_timeout.as_millis() as u64,
@@ -463,6 +464,16 @@ fn send_record(
 }
 
 impl Inner {
+    /// How long the next step of the cycle may take.
+    fn step_timeout(&self) -> Duration {
+        match self.deadline {
+            None => CYCLE_STEP_TIMEOUT,
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        }
+    }
+
     fn ensure_txn(&mut self) -> Result<()> {
         if !self.in_txn {
             if self.mode == Mode::Transactional {
@@ -478,7 +489,7 @@ impl Inner {
 
     /// Waits until everything queued is acknowledged.
     fn flush_acked(&self, what: &str) -> Result<()> {
-        produce::flush_now(&self.producer, self.step_timeout).map_err(|e| kafka_err(what, e))?;
+        produce::flush_now(&self.producer, self.step_timeout()).map_err(|e| kafka_err(what, e))?;
         self.producer.poll(Duration::ZERO);
         match self.producer.context().take_failure() {
             Some(f) => Err(anyhow!("{what}: delivery failed: {f}")),
@@ -821,11 +832,11 @@ impl Inner {
                     .group_metadata()
                     .ok_or_else(|| anyhow!("no consumer group metadata"))?;
                 self.producer
-                    .send_offsets_to_transaction(&tpl, &meta, self.step_timeout)
+                    .send_offsets_to_transaction(&tpl, &meta, self.step_timeout())
                     .map_err(|e| kafka_err("send offsets to transaction", e))?;
             }
             self.producer
-                .commit_transaction(self.step_timeout)
+                .commit_transaction(self.step_timeout())
                 .map_err(|e| kafka_err("commit transaction", e))?;
             self.producer.poll(Duration::ZERO);
             if let Some(f) = self.producer.context().take_failure() {
@@ -1103,7 +1114,7 @@ impl Inner {
     fn abort(&mut self) {
         if self.in_txn {
             if self.mode == Mode::Transactional {
-                if let Err(e) = self.producer.abort_transaction(self.step_timeout) {
+                if let Err(e) = self.producer.abort_transaction(self.step_timeout()) {
                     tracing::error!("abort transaction failed: {e}");
                 }
             }
@@ -1477,7 +1488,7 @@ fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics
                 .map(|tp| (tp, Instant::now()))
                 .collect(),
             to_restore: Vec::new(),
-            step_timeout: CYCLE_STEP_TIMEOUT,
+            deadline: None,
             revoke_timeout: revoke_timeout(cfg),
         })),
         metrics: metrics.clone(),
