@@ -256,7 +256,7 @@ fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
     let mode = exactly_once_mode(&broker.bootstrap(), "kill3-probe");
     // max.poll.interval above a rebalance with restores, so no member
     // leaves the group on its own while it is forming (see below).
-    let setup = Setup::with_max_poll(&broker, "kill3", 6, mode, "", 20_000);
+    let setup = Setup::at(&broker.bootstrap(), "kill3", 6, mode, "", 20_000);
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 100_000, 11);
     let expected = replay(&setup.config, &input);
@@ -362,7 +362,14 @@ fn broker_restart_mid_stream_is_ridden_out() {
     // A cycle waits for the broker while it restarts: allow that much time
     // between polls, or the member leaves the group (and tansu 0.6.0 does
     // not always give its partitions back to the member when it rejoins).
-    let setup = Setup::with_max_poll(&broker, "brestart", 2, "exactly_once_outbox", "", 20_000);
+    let setup = Setup::at(
+        &broker.bootstrap(),
+        "brestart",
+        2,
+        "exactly_once_outbox",
+        "",
+        20_000,
+    );
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 10_000, 3);
     let expected = replay(&setup.config, &input);
@@ -509,32 +516,6 @@ fn new_instance_with_empty_state_continues_from_the_changelog() {
         .sum();
     assert!(restored > 0, "{}", b.log_text());
     assert_same_events(&setup, &expected);
-}
-
-/// One instance of the group with its own state directory (`state-<tag>`),
-/// instance id and metrics address; `idle_flush` overrides the idle flush.
-fn instance(
-    setup: &Setup,
-    log_tag: &str,
-    tag: &str,
-    metrics: &str,
-    idle_flush: Option<&str>,
-) -> Service {
-    let state = setup
-        .dir
-        .path()
-        .join(format!("state-{tag}"))
-        .display()
-        .to_string();
-    let mut env = vec![
-        ("JURYSTREAM_INSTANCE_ID", tag),
-        ("JURYSTREAM_STATE__DIR", state.as_str()),
-        ("JURYSTREAM_METRICS__LISTEN", metrics),
-    ];
-    if let Some(idle) = idle_flush {
-        env.push(("JURYSTREAM_BATCHING__IDLE_FLUSH_SECONDS", idle));
-    }
-    Service::start_with(&setup.config, setup.dir.path(), log_tag, &env)
 }
 
 /// Partitions whose state the service restored since its last assignment

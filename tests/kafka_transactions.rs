@@ -87,25 +87,7 @@ fn a_fenced_producer_stops_the_instance_without_committing() {
     generate_votes(&input, 20_000, 23);
     let expected = replay(&setup.config, &input);
     setup.publish(&input);
-    let state = |tag: &str| {
-        setup
-            .dir
-            .path()
-            .join(format!("state-{tag}"))
-            .display()
-            .to_string()
-    };
-    let (sa, sb) = (state("a"), state("b"));
-    let mut a = Service::start_with(
-        &setup.config,
-        setup.dir.path(),
-        "a",
-        &[
-            ("JURYSTREAM_INSTANCE_ID", "a"),
-            ("JURYSTREAM_STATE__DIR", &sa),
-            ("JURYSTREAM_METRICS__LISTEN", "127.0.0.1:0"),
-        ],
-    );
+    let mut a = instance(&setup, "a", "a", "127.0.0.1:0", None);
     wait_for(
         "the first instance's output",
         Duration::from_secs(120),
@@ -135,16 +117,7 @@ fn a_fenced_producer_stops_the_instance_without_committing() {
     // on to the end. The mock shows aborted transactions' records to
     // readers, so only "nothing missing" is checked here, not "nothing
     // extra".
-    let _b = Service::start_with(
-        &setup.config,
-        setup.dir.path(),
-        "b",
-        &[
-            ("JURYSTREAM_INSTANCE_ID", "b"),
-            ("JURYSTREAM_STATE__DIR", &sb),
-            ("JURYSTREAM_METRICS__LISTEN", "127.0.0.1:0"),
-        ],
-    );
+    let _b = instance(&setup, "b", "b", "127.0.0.1:0", None);
     let want = multiset(&expected);
     wait_for("every expected event", Duration::from_secs(180), || {
         let got: Vec<serde_json::Value> = read_committed(&setup.bootstrap, &setup.output_topics())

@@ -297,8 +297,6 @@ struct Inner {
     /// (a flush, a transaction commit or abort) may take
     /// [`CYCLE_STEP_TIMEOUT`].
     deadline: Option<Instant>,
-    /// The revoke deadline: two thirds of the consumer's session timeout.
-    revoke_timeout: Duration,
 }
 
 /// How long one step of a commit cycle may take outside a rebalance.
@@ -354,12 +352,13 @@ impl ConsumerContext for Ctx {
                     inner.abort();
                 } else {
                     let started = Instant::now();
-                    inner.deadline = Some(started + inner.revoke_timeout);
+                    let limit = revoke_timeout(&inner.cfg);
+                    inner.deadline = Some(started + limit);
                     let result = inner.commit(consumer).and_then(|_| inner.seal_delivered());
                     inner.deadline = None;
                     if let Err(e) = result {
                         tracing::error!(
-                            deadline_ms = inner.revoke_timeout.as_millis() as u64,
+                            deadline_ms = limit.as_millis() as u64,
                             elapsed_ms = started.elapsed().as_millis() as u64,
                             "commit before revoke failed (the cycle was aborted): {e:#}"
                         );
@@ -1489,7 +1488,6 @@ fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics
                 .collect(),
             to_restore: Vec::new(),
             deadline: None,
-            revoke_timeout: revoke_timeout(cfg),
         })),
         metrics: metrics.clone(),
     };

@@ -170,31 +170,13 @@ pub struct Setup {
 
 impl Setup {
     pub fn new(broker: &Broker, name: &str, partitions: i32, delivery: &str, extra: &str) -> Setup {
-        Self::with_max_poll(broker, name, partitions, delivery, extra, 6000)
-    }
-
-    /// Like [`Setup::new`] with another `max.poll.interval.ms` (also the
-    /// group's rebalance timeout, which tansu waits out on the first join).
-    pub fn with_max_poll(
-        broker: &Broker,
-        name: &str,
-        partitions: i32,
-        delivery: &str,
-        extra: &str,
-        max_poll_ms: u32,
-    ) -> Setup {
-        Self::at(
-            &broker.bootstrap(),
-            name,
-            partitions,
-            delivery,
-            extra,
-            max_poll_ms,
-        )
+        Self::at(&broker.bootstrap(), name, partitions, delivery, extra, 6000)
     }
 
     /// A setup for the broker(s) at `bootstrap` (the tansu broker, or an
-    /// rdkafka mock cluster).
+    /// rdkafka mock cluster), with `max.poll.interval.ms` = `max_poll_ms`
+    /// (also the group's rebalance timeout, which tansu waits out on the
+    /// first join).
     pub fn at(
         bootstrap: &str,
         name: &str,
@@ -317,6 +299,32 @@ pub fn create_topic(bootstrap: &str, topic: &str, partitions: i32) {
             Err(e) => panic!("create topic {topic}: {e:?}"),
         }
     }
+}
+
+/// One instance of the group with its own state directory (`state-<tag>`),
+/// instance id and metrics address; `idle_flush` overrides the idle flush.
+pub fn instance(
+    setup: &Setup,
+    log_tag: &str,
+    tag: &str,
+    metrics: &str,
+    idle_flush: Option<&str>,
+) -> Service {
+    let state = setup
+        .dir
+        .path()
+        .join(format!("state-{tag}"))
+        .display()
+        .to_string();
+    let mut env = vec![
+        ("JURYSTREAM_INSTANCE_ID", tag),
+        ("JURYSTREAM_STATE__DIR", state.as_str()),
+        ("JURYSTREAM_METRICS__LISTEN", metrics),
+    ];
+    if let Some(idle) = idle_flush {
+        env.push(("JURYSTREAM_BATCHING__IDLE_FLUSH_SECONDS", idle));
+    }
+    Service::start_with(&setup.config, setup.dir.path(), log_tag, &env)
 }
 
 /// The service as a child process.
