@@ -11,9 +11,9 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::engine::score::{Aggregator, TimeUnit};
-use crate::engine::time::NANOS_PER_SEC;
 use crate::engine::{EngineConfig, RubricParams};
 use crate::input::DecodeOptions;
+use crate::time::NANOS_PER_SEC;
 
 /// The defaults, compiled in so that the binary needs no file to start.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -117,9 +117,34 @@ pub struct Kafka {
     pub changelog_topic: String,
     pub transactional_id_prefix: String,
     pub shutdown_timeout_ms: i64,
-    pub delivery: String,
+    pub delivery: Delivery,
     #[serde(default)]
     pub properties: BTreeMap<String, toml::Value>,
+}
+
+/// How a commit cycle reaches the broker (`kafka.delivery`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    ExactlyOnce,
+    ExactlyOnceOutbox,
+    AtLeastOnce,
+}
+
+impl Delivery {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::ExactlyOnce => "exactly_once",
+            Delivery::ExactlyOnceOutbox => "exactly_once_outbox",
+            Delivery::AtLeastOnce => "at_least_once",
+        }
+    }
+}
+
+impl fmt::Display for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -284,15 +309,6 @@ impl Config {
                     "kafka.properties.{key}: must be a string, number or boolean"
                 )));
             }
-        }
-        if !matches!(
-            k.delivery.as_str(),
-            "exactly_once" | "exactly_once_outbox" | "at_least_once"
-        ) {
-            return Err(ConfigError(format!(
-                "kafka.delivery: must be \"exactly_once\", \"exactly_once_outbox\" or \"at_least_once\", got {:?}",
-                k.delivery
-            )));
         }
         if !matches!(self.log.format.as_str(), "text" | "json") {
             return Err(ConfigError(format!(

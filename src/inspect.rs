@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use crate::engine::time::format_timestamp;
 use crate::state::{is_database, Store};
+use crate::time::format_timestamp;
 
 /// The partition databases under `dir`: `dir` itself when it is one (a
 /// replay state dir), else every sub-directory that is one (a service's).

@@ -14,3 +14,4 @@ pub mod replay;
 pub mod service;
 pub mod state;
 pub mod telemetry;
+pub mod time;

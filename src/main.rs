@@ -181,7 +181,7 @@ fn main() -> ExitCode {
             init_logging(cfg.log.format == "json");
             install_signal_handlers();
             shutdown_watchdog(Duration::from_millis(cfg.kafka.shutdown_timeout_ms as u64));
-            jurystream::service::run(cfg, &STOP)
+            jurystream::service::run(cfg, &STOP).map_err(anyhow::Error::from)
         }
         Command::Produce {
             input,

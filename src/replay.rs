@@ -2,26 +2,16 @@
 
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
 use crate::config::Config;
-use crate::engine::time::Nanos;
 use crate::engine::{Engine, Outcome, ScoreUpdate};
 use crate::input::{decode_vote, dlq_payload, DecodeOptions, Rejection, Vote};
-use crate::output::{
-    ambiguity_flagged_json, processed_at, score_updated_json, vote_rejected_json, Source,
-};
+use crate::output::{processed_at, score_update_events, vote_rejected_json, Source};
 use crate::state::Store;
-
-/// Wall clock as nanoseconds (only for `processed_at`).
-pub fn wall_clock() -> Nanos {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as Nanos)
-        .unwrap_or(0)
-}
+use crate::time::wall_clock;
 
 /// How many lines between two drains of the engine's change log when the
 /// state is temporary (nothing to persist, but the log must not grow).
@@ -89,12 +79,10 @@ impl<W: Write> EventWriter<W> {
             if let Some(m) = &self.metrics {
                 m.score_update(&u, wall_clock() as f64 / 1e9);
             }
-            let s = score_updated_json(&u, &self.stamp);
-            self.line(&s)?;
-            if u.ambiguous {
-                let f = ambiguity_flagged_json(&u, &self.stamp);
-                self.line(&f)?;
-            }
+            let stamp = std::mem::take(&mut self.stamp);
+            let r = score_update_events(&u, &stamp, |_, json| self.line(&json));
+            self.stamp = stamp;
+            r?;
         }
         Ok(())
     }

@@ -1,7 +1,7 @@
 use super::score::{Aggregator, TimeUnit};
-use super::time::parse_timestamp;
 use super::*;
 use crate::input::Vote;
+use crate::time::parse_timestamp;
 
 fn cfg() -> EngineConfig {
     EngineConfig {

@@ -8,7 +8,7 @@ mod decode;
 
 use std::sync::Arc;
 
-use crate::engine::time::{parse_timestamp, Nanos};
+use crate::time::{format_timestamp, parse_timestamp, Nanos};
 pub use decode::{RawVote, Scalar};
 
 /// Why a message was rejected; the names are part of the contract.
@@ -99,6 +99,21 @@ pub fn decode_vote(bytes: &[u8], opts: &DecodeOptions) -> Result<Vote, Rejection
     }
     let raw = decode::parse(bytes)?;
     validate(raw, opts)
+}
+
+/// Refuses a vote whose timestamp is more than `max_skew` ahead of `now`
+/// (the wall clock of a live service; SPEC §1 `invalid_timestamp`).
+pub fn check_future_skew(vote: &Vote, now: Nanos, max_skew: Nanos) -> Result<(), Rejection> {
+    if vote.timestamp > now.saturating_add(max_skew) {
+        return Err(Rejection::new(
+            Reason::InvalidTimestamp,
+            format!(
+                "timestamp: {} is more than input.max_future_skew_seconds ahead of the wall clock",
+                format_timestamp(vote.timestamp)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn validate(raw: RawVote<'_>, opts: &DecodeOptions) -> Result<Vote, Rejection> {

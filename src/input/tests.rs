@@ -147,7 +147,7 @@ fn timestamp_falls_back_to_vote_time_and_null_means_absent() {
     let v = decode_vote(s.as_bytes(), &opts()).unwrap();
     assert_eq!(
         v.timestamp,
-        crate::engine::time::parse_timestamp("2024-07-07T00:00:01Z").unwrap()
+        crate::time::parse_timestamp("2024-07-07T00:00:01Z").unwrap()
     );
 }
 
@@ -178,4 +178,17 @@ fn dlq_payload_is_lossy_and_cut_at_a_char_boundary() {
     let odd = format!("x{long}");
     let p = dlq_payload(odd.as_bytes());
     assert_eq!(p.len(), 65_535);
+}
+
+#[test]
+fn future_skew_is_measured_from_the_given_now() {
+    let v = decode_vote(OK.as_bytes(), &opts()).unwrap();
+    let s = crate::time::NANOS_PER_SEC;
+    // Exactly at the limit is accepted; one nanosecond beyond is not.
+    assert!(check_future_skew(&v, v.timestamp - 300 * s, 300 * s).is_ok());
+    let r = check_future_skew(&v, v.timestamp - 300 * s - 1, 300 * s).unwrap_err();
+    assert_eq!(r.reason, Reason::InvalidTimestamp);
+    assert!(r.detail.contains("max_future_skew_seconds"), "{}", r.detail);
+    // A huge skew never overflows.
+    assert!(check_future_skew(&v, i128::MAX - 1, i128::MAX).is_ok());
 }

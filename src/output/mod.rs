@@ -2,9 +2,9 @@
 
 use serde::Serialize;
 
-use crate::engine::time::{format_timestamp, Nanos};
 use crate::engine::ScoreUpdate;
 use crate::input::Rejection;
+use crate::time::{format_timestamp, Nanos};
 
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -195,6 +195,44 @@ pub fn ambiguity_flagged_json(u: &ScoreUpdate, processed_at: &str) -> String {
             .collect(),
     };
     to_json(&ev)
+}
+
+/// The output topic an event goes to.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
+pub enum Route {
+    /// `outputs.scores_topic`: every `score_updated`.
+    Scores,
+    /// `outputs.flags_topic`: `ambiguity_flagged`.
+    Flags,
+    /// `outputs.dlq_topic`: `vote_rejected`.
+    Dlq,
+}
+
+impl Route {
+    pub const ALL: [Route; 3] = [Route::Scores, Route::Flags, Route::Dlq];
+
+    /// Position in [`Route::ALL`] (for per-route tables).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The events of one score update in emission order, each with its route:
+/// `score_updated` (scores), then `ambiguity_flagged` (flags) when the batch
+/// was flagged. Both shells (replay and the service) emit through this, so
+/// they route alike; the Kafka key of both is the inference id.
+pub fn score_update_events<E>(
+    u: &ScoreUpdate,
+    processed_at: &str,
+    mut emit: impl FnMut(Route, String) -> Result<(), E>,
+) -> Result<(), E> {
+    emit(Route::Scores, score_updated_json(u, processed_at))?;
+    if u.ambiguous {
+        emit(Route::Flags, ambiguity_flagged_json(u, processed_at))?;
+    }
+    Ok(())
 }
 
 /// `vote_rejected` as one JSON object.

@@ -2,13 +2,13 @@
 
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::{client_config, Fatal, Names};
+use super::client::{client_config, Names};
+use super::error::{Result, ServiceError};
 use crate::config::Config;
 
 /// Partition counts of `topics` (missing topics are absent from the map).
@@ -16,12 +16,14 @@ pub(super) fn partition_counts(
     cfg: &Config,
     topics: &[String],
 ) -> Result<std::collections::HashMap<String, i32>> {
-    let consumer: BaseConsumer = client_config(cfg).create().context("metadata client")?;
+    let consumer: BaseConsumer = client_config(cfg)
+        .create()
+        .map_err(|e| ServiceError::kafka("create the metadata client", e))?;
     let mut out = std::collections::HashMap::new();
     for t in topics {
         let md = consumer
             .fetch_metadata(Some(t), Duration::from_secs(10))
-            .map_err(|e| anyhow!("metadata for {t}: {e}"))?;
+            .map_err(|e| ServiceError::kafka(&format!("metadata for {t}"), e))?;
         for mt in md.topics() {
             if mt.error().is_none() && !mt.partitions().is_empty() {
                 out.insert(mt.name().to_owned(), mt.partitions().len() as i32);
@@ -42,16 +44,17 @@ pub fn ensure(cfg: &Config, names: &Names) -> Result<()> {
     let have = partition_counts(cfg, &plain)?;
     let missing: Vec<&String> = plain.iter().filter(|t| !have.contains_key(*t)).collect();
     if !missing.is_empty() && !k.create_topics {
-        return Err(anyhow!(Fatal(format!(
+        return Err(ServiceError::config(format!(
             "topics {missing:?} do not exist and kafka.create_topics is false"
-        ))));
+        )));
     }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("tokio runtime")?;
-    let admin: AdminClient<DefaultClientContext> =
-        client_config(cfg).create().context("admin client")?;
+        .map_err(|e| ServiceError::internal(format!("tokio runtime: {e}")))?;
+    let admin: AdminClient<DefaultClientContext> = client_config(cfg)
+        .create()
+        .map_err(|e| ServiceError::kafka("create the admin client", e))?;
     let rf = k.replication_factor as i32;
     let new: Vec<NewTopic<'_>> = missing
         .iter()
@@ -65,22 +68,22 @@ pub fn ensure(cfg: &Config, names: &Names) -> Result<()> {
     let mut new_cl = Vec::new();
     for t in &k.input_topics {
         let cl = names.changelog(t);
-        let want = *inputs
-            .get(t)
-            .ok_or_else(|| anyhow!("input topic {t} has no partitions yet"))?;
+        let want = *inputs.get(t).ok_or_else(|| {
+            ServiceError::broker(format!("input topic {t} has no partitions yet"))
+        })?;
         match have_cl.get(&cl) {
             Some(&n) if n < want => {
-                return Err(anyhow!(Fatal(format!(
+                return Err(ServiceError::config(format!(
                     "changelog topic {cl} has {n} partitions but input topic {t} has {want}: \
                      state could not follow its partitions"
-                ))))
+                )))
             }
             Some(_) => {}
             None if k.create_topics => new_cl.push((cl, want)),
             None => {
-                return Err(anyhow!(Fatal(format!(
+                return Err(ServiceError::config(format!(
                     "changelog topic {cl} does not exist and kafka.create_topics is false"
-                ))))
+                )))
             }
         }
     }
@@ -109,14 +112,19 @@ fn create(
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let results = rt
         .block_on(admin.create_topics(topics, &opts))
-        .map_err(|e| anyhow!("create topics: {e}"))?;
+        .map_err(|e| ServiceError::kafka("create topics", e))?;
     for r in results {
         match r {
             Ok(t) => tracing::info!(topic = %t, "created topic"),
             Err((t, RDKafkaErrorCode::TopicAlreadyExists)) => {
                 tracing::debug!(topic = %t, "topic exists")
             }
-            Err((t, code)) => return Err(anyhow!("cannot create topic {t}: {code}")),
+            Err((t, code)) => {
+                return Err(ServiceError::kafka(
+                    &format!("create topic {t}"),
+                    rdkafka::error::KafkaError::AdminOp(code),
+                ))
+            }
         }
     }
     Ok(())

@@ -1,6 +1,6 @@
 //! Partition state in RocksDB: one database per input partition.
 //!
-//! The engine reports its changes; [`encode_changes`] turns them into
+//! The engine reports its changes; [`encode_changes_into`] turns them into
 //! key/value records (the same records the service writes to its changelog
 //! topic), and [`Store::apply`] writes a set of records and the source
 //! position they reflect in one atomic `WriteBatch`.
@@ -11,19 +11,16 @@
 //! - `b` postcard([`BatchKey`])  → [`Batch`]
 //! - `d` identity (16 bytes BE)  → vote time (i128 LE)
 //! - `p` name                    → shell positions (input offset, changelog offset)
-//! - `c`                         → [`CycleMarker`]: the last record of every
-//!   service commit cycle; changelog records after the last marker belong to
-//!   an interrupted cycle and are never applied
-//! - `o` index (u32 BE)          → [`OutboxChunk`] (`exactly_once_outbox` mode)
+//! - `c`, `o`…                   → the service's cycle marker and outbox
+//!   (`crate::service::changelog`); stored here, never interpreted here
 
 use std::path::{Path, PathBuf};
 
 use rocksdb::{Direction, IteratorMode, Options, WriteBatch, DB};
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::engine::time::Nanos;
 use crate::engine::{Batch, BatchKey, Change, Engine, EngineConfig, Meta, SeriesKey, SeriesState};
+use crate::time::Nanos;
 
 /// A state-store failure. All of them are fatal for the partition: the
 /// process stops without committing anything partial.
@@ -47,50 +44,6 @@ pub enum StoreError {
 pub type Record = (Vec<u8>, Option<Vec<u8>>);
 
 pub const META_KEY: &[u8] = b"m";
-
-/// Key of the [`CycleMarker`].
-pub const CYCLE_KEY: &[u8] = b"c";
-
-/// The record that seals one commit cycle of a partition in its changelog.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CycleMarker {
-    /// Cycle number, per partition, from 1.
-    pub seq: u64,
-    /// The next input offset to process (every earlier record is reflected
-    /// in the state); -1 when unknown.
-    pub next_offset: i64,
-    /// How many outbox chunks (`o0`, `o1`, …) hold this cycle's events.
-    pub outbox_chunks: u32,
-    /// Whether every event of this cycle is known to be in the output topics.
-    pub delivered: bool,
-    /// Per output (topic index, partition): an offset at or below the first
-    /// event this cycle wrote there, from earlier acknowledgements.
-    pub floors: Vec<(u8, i32, i64)>,
-}
-
-/// One event waiting in the outbox: output topic index (0 scores, 1 flags,
-/// 2 DLQ), explicit partition, key and bytes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OutEvent {
-    pub topic: u8,
-    pub partition: i32,
-    pub key: Option<Vec<u8>>,
-    pub payload: Vec<u8>,
-}
-
-/// A slice of one cycle's outbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OutboxChunk {
-    pub seq: u64,
-    pub events: Vec<OutEvent>,
-}
-
-/// Key of outbox chunk `i`.
-pub fn outbox_key(i: u32) -> Vec<u8> {
-    let mut k = vec![b'o'];
-    k.extend_from_slice(&i.to_be_bytes());
-    k
-}
 
 /// Serialises a value the way every state record is stored.
 pub fn encode_value<T: serde::Serialize>(v: &T) -> Vec<u8> {
@@ -149,11 +102,9 @@ fn encode_change(c: Change<'_>) -> Record {
     }
 }
 
-/// Turns the engine's pending changes into records.
-pub fn encode_changes(engine: &mut Engine) -> Vec<Record> {
-    let mut out = Vec::new();
+/// Turns the engine's pending changes into records, appended to `out`.
+pub fn encode_changes_into(engine: &mut Engine, out: &mut Vec<Record>) {
     engine.drain_changes(|c| out.push(encode_change(c)));
-    out
 }
 
 /// Position name marking a large write in progress (see [`Store::write_all_changes`]).
@@ -295,39 +246,6 @@ impl Store {
         self.db.get(key).map_err(|e| self.rocks(e))
     }
 
-    /// The last cycle marker, if any.
-    pub fn cycle_marker(&self) -> Result<Option<CycleMarker>, StoreError> {
-        match self.get(CYCLE_KEY)? {
-            None => Ok(None),
-            Some(v) => postcard::from_bytes(&v)
-                .map(Some)
-                .map_err(|e| self.corrupt(CYCLE_KEY, e)),
-        }
-    }
-
-    /// The events of the marker's cycle, in emission order.
-    pub fn outbox(&self, marker: &CycleMarker) -> Result<Vec<OutEvent>, StoreError> {
-        let mut out = Vec::new();
-        for i in 0..marker.outbox_chunks {
-            let key = outbox_key(i);
-            let v = self
-                .get(&key)?
-                .ok_or_else(|| self.corrupt(&key, "outbox chunk missing"))?;
-            let chunk: OutboxChunk = postcard::from_bytes(&v).map_err(|e| self.corrupt(&key, e))?;
-            if chunk.seq != marker.seq {
-                return Err(self.corrupt(
-                    &key,
-                    format!(
-                        "outbox chunk of cycle {} under marker {}",
-                        chunk.seq, marker.seq
-                    ),
-                ));
-            }
-            out.extend(chunk.events);
-        }
-        Ok(out)
-    }
-
     /// Flushes memtables to disk (before a checkpoint or at shutdown).
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush().map_err(|e| self.rocks(e))
@@ -449,63 +367,6 @@ pub fn is_database(dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cycle_marker_and_outbox_round_trip_and_refuse_a_stale_chunk() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
-        assert_eq!(store.cycle_marker().unwrap(), None);
-        let ev = |i: u8| OutEvent {
-            topic: i % 3,
-            partition: i as i32,
-            key: Some(vec![i]),
-            payload: vec![b'x'; i as usize],
-        };
-        let marker = CycleMarker {
-            seq: 7,
-            next_offset: 42,
-            outbox_chunks: 2,
-            delivered: false,
-            floors: vec![(0, 1, 10)],
-        };
-        let records = vec![
-            (
-                outbox_key(0),
-                Some(encode_value(&OutboxChunk {
-                    seq: 7,
-                    events: vec![ev(1), ev(2)],
-                })),
-            ),
-            (
-                outbox_key(1),
-                Some(encode_value(&OutboxChunk {
-                    seq: 7,
-                    events: vec![ev(3)],
-                })),
-            ),
-            (CYCLE_KEY.to_vec(), Some(encode_value(&marker))),
-        ];
-        store.apply(&records, &[]).unwrap();
-        assert_eq!(store.cycle_marker().unwrap(), Some(marker.clone()));
-        assert_eq!(store.outbox(&marker).unwrap(), vec![ev(1), ev(2), ev(3)]);
-        // The engine load ignores markers and outbox chunks.
-        let cfg = crate::config::Config::load(None).unwrap().engine();
-        let (_, stats) = store.load(cfg, |_| {}).unwrap();
-        assert_eq!(stats.series, 0);
-        // A chunk left from an older cycle is never taken for this one.
-        let stale = vec![(
-            outbox_key(1),
-            Some(encode_value(&OutboxChunk {
-                seq: 6,
-                events: vec![ev(4)],
-            })),
-        )];
-        store.apply(&stale, &[]).unwrap();
-        assert!(matches!(
-            store.outbox(&marker),
-            Err(StoreError::Corrupt { .. })
-        ));
-    }
 
     #[test]
     fn series_keys_round_trip_and_prefix_by_inference() {

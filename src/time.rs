@@ -231,6 +231,16 @@ pub fn write_timestamp(out: &mut String, t: Nanos) {
     out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or("invalid"));
 }
 
+/// The wall clock as nanoseconds since the epoch: the one clock read of
+/// the shells (`processed_at`, the future-skew check, the idle flush).
+/// Nothing in the engine calls it.
+pub fn wall_clock() -> Nanos {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as Nanos)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

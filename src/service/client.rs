@@ -1,0 +1,227 @@
+//! Kafka client plumbing: the names the service derives from its
+//! configuration, client settings, the record sender, and the partitioner
+//! that outbox mode computes itself.
+
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseProducer, BaseRecord, ProducerContext};
+use rdkafka::ClientContext;
+
+use super::error::{Result, ServiceError};
+use crate::config::Config;
+
+/// An input (or changelog) topic partition.
+pub type Tp = (String, i32);
+
+/// Header on every output event: `<input topic>/<partition>/<cycle>/<index>`,
+/// the input partition, the cycle that emitted it and its place in that
+/// cycle. It makes each event traceable and lets a restoring instance see
+/// which events of an interrupted cycle already reached the broker.
+pub const ORIGIN_HEADER: &str = "jurystream-origin";
+
+/// Names the service derives from the configuration.
+#[derive(Clone)]
+pub struct Names {
+    pub changelog_base: String,
+    pub transactional_id: String,
+}
+
+impl Names {
+    pub fn new(cfg: &Config) -> Names {
+        let k = &cfg.kafka;
+        let changelog_base = if k.changelog_topic.is_empty() {
+            format!("{}-changelog", k.group_id)
+        } else {
+            k.changelog_topic.clone()
+        };
+        let prefix = if k.transactional_id_prefix.is_empty() {
+            k.group_id.clone()
+        } else {
+            k.transactional_id_prefix.clone()
+        };
+        let instance = std::env::var("JURYSTREAM_INSTANCE_ID")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(hostname)
+            .unwrap_or_else(|| "0".into());
+        Names {
+            changelog_base,
+            transactional_id: format!("{prefix}-{instance}"),
+        }
+    }
+
+    /// The changelog topic of one input topic.
+    pub fn changelog(&self, input_topic: &str) -> String {
+        format!("{}.{}", self.changelog_base, input_topic)
+    }
+}
+
+fn hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// Librdkafka settings shared by every client: brokers, then the user's
+/// pass-through properties (they win).
+pub fn client_config(cfg: &Config) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.kafka.brokers);
+    for (k, v) in cfg.kafka_properties() {
+        c.set(k, v);
+    }
+    c
+}
+
+/// One `kafka.properties` value, if set.
+pub fn property(cfg: &Config, key: &str) -> Option<String> {
+    cfg.kafka_properties()
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+}
+
+/// A reader that assigns partitions itself, reads committed data only and
+/// reports the end of each partition.
+pub fn reader_config(cfg: &Config, purpose: &str) -> ClientConfig {
+    let mut c = client_config(cfg);
+    c.set("group.id", format!("{}-{purpose}", cfg.kafka.group_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        // An empty fetch answers at once: reaching the end is what it waits for.
+        .set("fetch.wait.max.ms", "10");
+    c
+}
+
+/// A client context that does not report reaching the end of a partition
+/// as an error (the restore and reconcile readers wait for exactly that).
+pub struct QuietEof;
+
+impl ClientContext for QuietEof {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let eof = matches!(error, KafkaError::PartitionEOF(_))
+            || matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF));
+        if !eof {
+            tracing::error!("reader: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for QuietEof {}
+
+/// One record to send.
+pub struct Out<'a> {
+    pub topic: &'a str,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+    /// Explicit partition; `None` lets the producer's partitioner choose.
+    pub partition: Option<i32>,
+    /// The [`ORIGIN_HEADER`] value (output events only).
+    pub origin: Option<&'a str>,
+}
+
+/// Queues one record, waiting while the producer queue is full.
+pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
+    producer: &BaseProducer<C>,
+    out: Out<'_>,
+) -> Result<()> {
+    let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(out.topic);
+    if let Some(k) = out.key {
+        rec = rec.key(k);
+    }
+    if let Some(p) = out.payload {
+        rec = rec.payload(p);
+    }
+    if let Some(p) = out.partition {
+        rec = rec.partition(p);
+    }
+    if let Some(o) = out.origin {
+        rec = rec.headers(OwnedHeaders::new().insert(Header {
+            key: ORIGIN_HEADER,
+            value: Some(o),
+        }));
+    }
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                rec = r;
+                producer.poll(Duration::from_millis(50));
+            }
+            Err((e, _)) => return Err(ServiceError::kafka("produce", e)),
+        }
+    }
+}
+
+/// The librdkafka partitioner outbox mode reproduces (its default).
+const OUTBOX_PARTITIONER: &str = "consistent_random";
+
+/// Outbox mode publishes events with explicit partitions it computes
+/// itself (so a restoring instance knows where to look for them); a
+/// `partitioner` property it does not reproduce would silently send events
+/// elsewhere than the user asked, so it is refused at start.
+pub fn check_outbox_partitioner(cfg: &Config) -> Result<()> {
+    match property(cfg, "partitioner") {
+        Some(p) if p.trim() != OUTBOX_PARTITIONER => Err(ServiceError::config(format!(
+            "kafka.properties.partitioner = {p:?}: kafka.delivery = \"exactly_once_outbox\" \
+             partitions events itself as librdkafka's default \"{OUTBOX_PARTITIONER}\" does \
+             (CRC-32 of the key); remove the property, set it to \"{OUTBOX_PARTITIONER}\", \
+             or use another delivery mode"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// The output partition librdkafka's default partitioner picks for `key`
+/// among `n`: CRC-32 (IEEE) of the key; a record without a key goes to the
+/// input partition's number modulo `n` (librdkafka picks a random one).
+pub fn outbox_partition(key: Option<&[u8]>, n: i32, input_partition: i32) -> i32 {
+    let n = n.max(1);
+    match key {
+        Some(k) if !k.is_empty() => (crc32fast::hash(k) % n as u32) as i32,
+        _ => input_partition.rem_euclid(n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outbox_partitions_follow_librdkafkas_crc32() {
+        // The standard CRC-32 check value, which librdkafka's partitioner hashes.
+        assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+        assert_eq!(
+            outbox_partition(Some(b"123456789"), 7, 0),
+            (0xCBF4_3926u32 % 7) as i32
+        );
+        assert_eq!(outbox_partition(None, 4, 6), 2);
+        assert_eq!(outbox_partition(Some(b""), 4, 1), 1);
+        assert_eq!(outbox_partition(Some(b"x"), 0, 0), 0);
+    }
+
+    #[test]
+    fn a_partitioner_outbox_mode_does_not_reproduce_is_refused() {
+        let mut cfg = Config::from_layers(None, &[]).unwrap();
+        assert!(check_outbox_partitioner(&cfg).is_ok());
+        cfg.kafka.properties.insert(
+            "partitioner".into(),
+            toml::Value::String("consistent_random".into()),
+        );
+        assert!(check_outbox_partitioner(&cfg).is_ok());
+        cfg.kafka.properties.insert(
+            "partitioner".into(),
+            toml::Value::String("murmur2_random".into()),
+        );
+        let e = check_outbox_partitioner(&cfg).unwrap_err();
+        assert_eq!(e.fault(), super::super::error::Fault::Config);
+        assert!(e.to_string().contains("murmur2_random"), "{e}");
+    }
+}

@@ -1,0 +1,143 @@
+//! librdkafka callbacks: delivery reports (producer), statistics and
+//! rebalances (consumer). Rebalance callbacks run inside `poll` on the
+//! service thread and reach the session through [`Ctx`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::producer::ProducerContext;
+use rdkafka::ClientContext;
+
+use super::client::Tp;
+use super::session::Session;
+use crate::telemetry::Metrics;
+
+/// The service's consumer.
+pub type Consumer = BaseConsumer<Ctx>;
+
+/// Remembers the highest acknowledged offset per topic partition and the
+/// first delivery failure.
+#[derive(Default)]
+pub struct ProduceCtx {
+    acked: Mutex<HashMap<Tp, i64>>,
+    failure: Mutex<Option<KafkaError>>,
+}
+
+impl ProduceCtx {
+    /// The first delivery failure since the last call, if any.
+    pub fn take_failure(&self) -> Option<KafkaError> {
+        self.failure.lock().ok().and_then(|mut f| f.take())
+    }
+
+    /// The highest acknowledged offset of every partition written to.
+    pub fn acked(&self) -> HashMap<Tp, i64> {
+        self.acked.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+}
+
+impl ClientContext for ProduceCtx {}
+
+impl ProducerContext for ProduceCtx {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) => {
+                if let Ok(mut map) = self.acked.lock() {
+                    let e = map
+                        .entry((m.topic().to_owned(), m.partition()))
+                        .or_insert(-1);
+                    *e = (*e).max(m.offset());
+                }
+            }
+            Err((e, _)) => {
+                if let Ok(mut f) = self.failure.lock() {
+                    f.get_or_insert_with(|| e.clone());
+                }
+            }
+        }
+    }
+}
+
+/// The consumer's context: holds the session so that rebalance callbacks
+/// can commit, hand over and release partitions.
+pub struct Ctx {
+    pub session: Mutex<Option<Session>>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Ctx {
+    /// The session state; a panic elsewhere does not make it unusable.
+    pub fn lock(&self) -> MutexGuard<'_, Option<Session>> {
+        self.session.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn tps(tpl: &rdkafka::TopicPartitionList) -> Vec<Tp> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
+impl ClientContext for Ctx {
+    fn stats(&self, stats: rdkafka::Statistics) {
+        for (topic, t) in &stats.topics {
+            for (p, part) in &t.partitions {
+                if *p >= 0 && part.consumer_lag >= 0 {
+                    self.metrics.consumer_lag(topic, *p, part.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for Ctx {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
+        let mut guard = self.lock();
+        let Some(s) = guard.as_mut() else { return };
+        if consumer.assignment_lost() {
+            tracing::warn!("partitions lost: aborting the open cycle without committing");
+            s.abort();
+        } else {
+            // Finish the open cycle within the revoke deadline, or abort it
+            // (nothing partial is committed; the next owner restores).
+            let started = Instant::now();
+            let limit = s.revoke_timeout();
+            s.deadline = Some(started + limit);
+            let result = s.commit(consumer).and_then(|()| s.hand_over());
+            s.deadline = None;
+            if let Err(e) = result {
+                tracing::error!(
+                    deadline_ms = limit.as_millis() as u64,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "commit before revoke failed (the cycle was aborted): {e}"
+                );
+                s.broken.get_or_insert(e);
+            }
+        }
+        s.release(&tps(tpl));
+    }
+
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let mut guard = self.lock();
+        let Some(s) = guard.as_mut() else { return };
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                let tps = tps(tpl);
+                tracing::info!(partitions = ?tps, "partitions assigned");
+                s.assigned_once = true;
+                s.to_restore.extend(tps);
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => tracing::error!("rebalance error: {e}"),
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! Ingest: one input record through the decoder and the engine, its events
+//! emitted (sent now or held for the outbox), rejections to the DLQ, and the
+//! live idle flush.
+
+use std::time::{Duration, Instant};
+
+use super::changelog::OutEvent;
+use super::client::{outbox_partition, send, Out, Tp};
+use super::error::Result;
+use super::reconcile::origin;
+use super::session::{not_assigned, Session};
+use crate::engine::Outcome;
+use crate::input::{check_future_skew, decode_vote, dlq_payload, Rejection};
+use crate::output::{score_update_events, vote_rejected_json, Route, Source};
+use crate::time::{format_timestamp, wall_clock, Nanos};
+
+/// Partitions whose last record is at least `idle` before `now`.
+pub fn idle_due<'a>(
+    last_record: impl Iterator<Item = (&'a Tp, Instant)>,
+    now: Instant,
+    idle: Duration,
+) -> Vec<Tp> {
+    let mut due: Vec<Tp> = last_record
+        .filter(|(_, at)| now.saturating_duration_since(*at) >= idle)
+        .map(|(tp, _)| tp.clone())
+        .collect();
+    due.sort();
+    due
+}
+
+impl Session {
+    /// One input record through the engine.
+    pub fn handle(
+        &mut self,
+        tp: &Tp,
+        offset: i64,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+    ) -> Result<()> {
+        let part = self.part_mut(tp)?;
+        if offset < part.next_offset {
+            // Already in the state: a cycle whose offsets were not committed
+            // to the group but whose changelog marker was.
+            if !part.skip_logged {
+                part.skip_logged = true;
+                tracing::info!(topic = %tp.0, partition = tp.1, offset, next = part.next_offset,
+                    "skipping input records the restored state already holds");
+            }
+            return Ok(());
+        }
+        if part.next_offset >= 0 && offset > part.next_offset {
+            // Normal after compaction or transaction markers in the input.
+            tracing::debug!(topic = %tp.0, partition = tp.1, offset, expected = part.next_offset,
+                "input offsets skip ahead");
+        }
+        part.last_record = Instant::now();
+        part.next_offset = offset + 1;
+        part.dirty = true;
+        self.ensure_cycle()?;
+        let now = wall_clock();
+        let payload = payload.unwrap_or(&[]);
+        let decoded = decode_vote(payload, &self.decode)
+            .and_then(|v| check_future_skew(&v, now, self.max_skew).map(|()| v));
+        let rejection = match decoded {
+            Err(r) => Some(r),
+            Ok(vote) => {
+                let part = self.parts.get_mut(tp).ok_or_else(|| not_assigned(tp))?;
+                match part.engine.process(&vote, &mut self.updates) {
+                    Outcome::Accepted if self.updates.is_empty() => None,
+                    Outcome::Accepted => {
+                        self.emit_updates(tp, now)?;
+                        None
+                    }
+                    Outcome::Duplicate => None,
+                    Outcome::Late(r) => Some(r),
+                }
+            }
+        };
+        if let Some(r) = rejection {
+            let source = Source::Kafka {
+                topic: tp.0.clone(),
+                partition: tp.1,
+                offset,
+            };
+            self.reject(tp, &r, key, payload, &source, now)?;
+        }
+        // Counters and gauges are folded in once per cycle (refresh_gauges).
+        match self.offsets.get_mut(tp) {
+            Some(o) => *o = offset + 1,
+            None => {
+                self.offsets.insert(tp.clone(), offset + 1);
+            }
+        }
+        Ok(())
+    }
+
+    /// One output event of partition `tp`'s open cycle: sent now, or held
+    /// for the outbox.
+    fn emit(&mut self, tp: &Tp, route: Route, key: Option<&[u8]>, payload: Vec<u8>) -> Result<()> {
+        let holds = self.protocol.holds_events();
+        let n = self.outputs.partitions(route);
+        let part = self.part_mut(tp)?;
+        let idx = part.out_count;
+        part.out_count += 1;
+        part.dirty = true;
+        if holds {
+            part.out_bytes += payload.len() + key.map_or(0, <[u8]>::len);
+            part.out.push(OutEvent {
+                route,
+                partition: outbox_partition(key, n, tp.1),
+                key: key.map(<[u8]>::to_vec),
+                payload,
+            });
+            Ok(())
+        } else {
+            let o = origin(tp, part.marker.seq + 1, idx);
+            send(
+                &self.producer,
+                Out {
+                    topic: self.outputs.topic(route),
+                    key,
+                    payload: Some(&payload),
+                    partition: None,
+                    origin: Some(&o),
+                },
+            )
+        }
+    }
+
+    /// Emits the events of the score updates in `self.updates`.
+    fn emit_updates(&mut self, tp: &Tp, now: Nanos) -> Result<()> {
+        let updates = std::mem::take(&mut self.updates);
+        let processed_at = format_timestamp(now);
+        let now_s = now as f64 / 1e9;
+        let mut result = Ok(());
+        for u in &updates {
+            self.metrics.score_update(u, now_s);
+            let key = u.series.inference_id.as_bytes();
+            result = score_update_events(u, &processed_at, |route, json| {
+                self.emit(tp, route, Some(key), json.into_bytes())
+            });
+            if result.is_err() {
+                break;
+            }
+        }
+        self.updates = updates;
+        self.updates.clear();
+        result
+    }
+
+    fn reject(
+        &mut self,
+        tp: &Tp,
+        r: &Rejection,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        source: &Source,
+        now: Nanos,
+    ) -> Result<()> {
+        // Reason and source at info; the detail can quote the payload, so debug only.
+        tracing::info!(reason = r.reason.as_str(), ?source, "vote rejected");
+        tracing::debug!(reason = r.reason.as_str(), detail = %r.detail, ?source, "vote rejected (detail)");
+        self.metrics.rejected(r.reason);
+        let text = vote_rejected_json(r, &dlq_payload(payload), source, &format_timestamp(now));
+        self.emit(tp, Route::Dlq, key, text.into_bytes())
+    }
+
+    /// Live mode's idle flush: a partition quiet for
+    /// `batching.idle_flush_seconds` moves its watermark to now − grace.
+    pub fn idle_flush(&mut self) -> Result<()> {
+        let idle = Duration::from_secs_f64(self.cfg.batching.idle_flush_seconds);
+        let grace = crate::config::seconds_to_ns(self.cfg.batching.grace_seconds);
+        let due = idle_due(
+            self.parts.iter().map(|(tp, p)| (tp, p.last_record)),
+            Instant::now(),
+            idle,
+        );
+        for tp in due {
+            self.ensure_cycle()?;
+            let now = wall_clock();
+            let part = self.parts.get_mut(&tp).ok_or_else(|| not_assigned(&tp))?;
+            part.last_record = Instant::now();
+            part.engine
+                .advance_watermark(now - grace, &mut self.updates);
+            if !self.updates.is_empty() {
+                tracing::debug!(topic = %tp.0, partition = tp.1, closed = self.updates.len(), "idle flush");
+            }
+            self.emit_updates(&tp, now)?;
+        }
+        self.refresh_gauges();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_flush_is_due_after_the_idle_time_only() {
+        let t0 = Instant::now();
+        let a: Tp = ("votes".into(), 0);
+        let b: Tp = ("votes".into(), 1);
+        let last = [(&a, t0), (&b, t0 + Duration::from_secs(20))];
+        let idle = Duration::from_secs(30);
+        let at = |s| idle_due(last.iter().copied(), t0 + Duration::from_secs(s), idle);
+        assert!(at(29).is_empty());
+        assert_eq!(at(30), vec![a.clone()]);
+        assert_eq!(at(50), vec![a.clone(), b.clone()]);
+        // A clock reading before the last record is not idleness.
+        assert!(idle_due(last.iter().copied(), t0, Duration::from_nanos(1)).is_empty());
+    }
+}

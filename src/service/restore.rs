@@ -1,0 +1,257 @@
+//! Restore on assignment: each partition's RocksDB, then the committed
+//! changelog cycles after its position (read for all of them by one
+//! reader, applied one whole cycle at a time), then adoption into the
+//! session: the interrupted cycle's records are overwritten, outbox cycles
+//! not known to be delivered are reconciled, and the consumer continues at
+//! the offset the restored state records.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::changelog::{read_marker, CycleApplier, CHANGELOG_POS};
+use super::client::{reader_config, Names, QuietEof, Tp};
+use super::context::Consumer;
+use super::error::{Result, ServiceError};
+use super::session::{partition_dir, Part, Session};
+use crate::config::Config;
+use crate::state::Store;
+
+/// A restored partition and the keys of changelog records after its last
+/// cycle marker (an interrupted cycle's, never applied).
+pub struct Restored {
+    pub tp: Tp,
+    pub part: Part,
+    pub leftover: Vec<Vec<u8>>,
+}
+
+/// Partition databases present under state.dir for the input topics.
+pub fn local_partitions(cfg: &Config) -> Vec<Tp> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(&cfg.state.dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some((topic, p)) = name.rsplit_once('-') {
+            if let (true, Ok(p)) = (cfg.kafka.input_topics.iter().any(|t| t == topic), p.parse()) {
+                out.push((topic.to_owned(), p));
+            }
+        }
+    }
+    out
+}
+
+/// Restores partitions: each one's RocksDB, then the committed changelog
+/// cycles after its position.
+pub fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec<Restored>> {
+    let started = Instant::now();
+    let mut stores = Vec::new();
+    for tp in tps {
+        let dir = partition_dir(cfg, tp);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| ServiceError::io(format!("cannot create {}", dir.display()), e))?;
+        let store = Store::open(&dir)?;
+        let from = store.position(CHANGELOG_POS)?.unwrap_or(0);
+        stores.push((tp.clone(), store, from));
+    }
+    let caught = catch_up(cfg, names, &stores)?;
+    let mut out = Vec::new();
+    for ((tp, store, _), applier) in stores.into_iter().zip(caught) {
+        let (engine, stats) = store.load(cfg.engine(), |_| {})?;
+        let marker = read_marker(&store)?;
+        tracing::info!(
+            topic = %tp.0,
+            partition = tp.1,
+            changelog_records = applier.applied(),
+            series = stats.series,
+            open_batches = stats.batches,
+            dedupe = stats.dedupe,
+            next_offset = marker.as_ref().map_or(-1, |m| m.next_offset),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "partition state restored"
+        );
+        out.push(Restored {
+            tp,
+            part: Part::new(store, engine, marker),
+            leftover: applier.leftover_keys(),
+        });
+    }
+    Ok(out)
+}
+
+/// Applies, for every store, the committed changelog cycles from its
+/// position to the end.
+fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<Vec<CycleApplier>> {
+    let mut appliers: Vec<CycleApplier> = stores.iter().map(|_| CycleApplier::default()).collect();
+    if stores.is_empty() {
+        return Ok(appliers);
+    }
+    let consumer: BaseConsumer<QuietEof> = reader_config(cfg, "restore")
+        .create_with_context(QuietEof)
+        .map_err(|e| ServiceError::kafka("create the changelog reader", e))?;
+    // Read to the end (EOF) rather than trusting watermarks: the end a
+    // read_committed reader sees is the last stable offset.
+    let mut tpl = TopicPartitionList::new();
+    let mut index: HashMap<Tp, usize> = HashMap::new();
+    for (i, (tp, _, from)) in stores.iter().enumerate() {
+        let topic = names.changelog(&tp.0);
+        let start = if *from > 0 {
+            Offset::Offset(*from)
+        } else {
+            Offset::Beginning
+        };
+        tracing::debug!(topic = %topic, partition = tp.1, from, "reading the changelog");
+        tpl.add_partition_offset(&topic, tp.1, start)
+            .map_err(|e| ServiceError::kafka("changelog reader partitions", e))?;
+        index.insert((topic, tp.1), i);
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| ServiceError::kafka("assign the changelog", e))?;
+    // PartitionEOF names only the partition number: count them per number.
+    let mut want: HashMap<i32, usize> = HashMap::new();
+    for (tp, _, _) in stores {
+        *want.entry(tp.1).or_insert(0) += 1;
+    }
+    let mut eofs: HashMap<i32, usize> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while want
+        .iter()
+        .any(|(p, n)| eofs.get(p).copied().unwrap_or(0) < *n)
+    {
+        match consumer.poll(Duration::from_millis(500)) {
+            None => {
+                if Instant::now() > deadline {
+                    return Err(ServiceError::broker("changelog restore timed out"));
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                tracing::debug!(partition = p, "changelog end reached");
+                *eofs.entry(p).or_insert(0) += 1
+            }
+            Some(Err(e)) => return Err(ServiceError::kafka("changelog reader", e)),
+            Some(Ok(m)) => {
+                let Some(&i) = index.get(&(m.topic().to_owned(), m.partition())) else {
+                    continue;
+                };
+                let key = m.key().unwrap_or_default();
+                if let Some(cycle) = appliers[i].push(key, m.payload()) {
+                    stores[i]
+                        .1
+                        .apply(&cycle, &[(CHANGELOG_POS, m.offset() + 1)])?;
+                }
+            }
+        }
+    }
+    Ok(appliers)
+}
+
+impl Session {
+    /// Takes restored partitions into service: overwrites the records of an
+    /// interrupted cycle left at the changelog's end, and (outbox mode)
+    /// completes the delivery of each one's last cycle.
+    pub fn adopt(&mut self, restored: Vec<Restored>) -> Result<()> {
+        let mut in_doubt = Vec::new();
+        for Restored {
+            tp,
+            mut part,
+            leftover,
+        } in restored
+        {
+            self.unowned.remove(&tp);
+            if !leftover.is_empty() {
+                tracing::warn!(
+                    topic = %tp.0,
+                    partition = tp.1,
+                    records = leftover.len(),
+                    "the changelog ends with records of an interrupted cycle: ignored, and \
+                     overwritten with the committed values in the next cycle"
+                );
+                for k in leftover {
+                    let v = part.store.get(&k)?;
+                    part.pending.push((k, v));
+                }
+                part.dirty = true;
+            }
+            if !part.marker.delivered && part.marker.outbox_chunks > 0 {
+                in_doubt.push(tp.clone());
+            }
+            // The group offset can lag the marker by a cycle (a crash
+            // between the changelog and the group commit): commit the
+            // marker's position in the next cycle, so consumer lag reads
+            // right even when no further record arrives on this partition.
+            let catch_up_offset = part.next_offset >= 0;
+            if catch_up_offset {
+                self.offsets.insert(tp.clone(), part.next_offset);
+            }
+            let dirty = part.dirty;
+            self.parts.insert(tp, part);
+            if dirty || catch_up_offset {
+                self.ensure_cycle()?;
+            }
+        }
+        if !in_doubt.is_empty() {
+            self.reconcile(&in_doubt)?;
+        }
+        Ok(())
+    }
+
+    /// Points the consumer at the restored state's next input offset: the
+    /// changelog's cycle marker, not the group's committed offset (which a
+    /// crash can leave behind), says where each partition continues.
+    pub fn seek_to_state(&mut self, consumer: &Consumer, tps: &[Tp]) -> Result<()> {
+        for tp in tps {
+            let Some(part) = self.parts.get(tp) else {
+                continue;
+            };
+            if part.next_offset < 0 {
+                continue;
+            }
+            consumer
+                .seek(
+                    &tp.0,
+                    tp.1,
+                    Offset::Offset(part.next_offset),
+                    Duration::from_secs(10),
+                )
+                .map_err(|e| {
+                    ServiceError::kafka(
+                        &format!("seek {}-{} to {}", tp.0, tp.1, part.next_offset),
+                        e,
+                    )
+                })?;
+            tracing::debug!(topic = %tp.0, partition = tp.1, offset = part.next_offset, "continuing from the restored state");
+        }
+        Ok(())
+    }
+
+    /// Restores and adopts `tps` (those not held already) and seeks the
+    /// consumer to their state. Polling waits meanwhile.
+    pub fn restore(&mut self, consumer: &Consumer, tps: Vec<Tp>) -> Result<()> {
+        let todo: Vec<Tp> = tps
+            .into_iter()
+            .filter(|tp| !self.parts.contains_key(tp))
+            .collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let restored = restore_partitions(&self.cfg, &self.names, &todo)?;
+        self.adopt(restored)?;
+        self.seek_to_state(consumer, &todo)?;
+        let secs = started.elapsed().as_secs_f64() / todo.len() as f64;
+        for _ in &todo {
+            self.metrics.restore_duration(secs);
+        }
+        // Restores block polling: no partition was idle meanwhile.
+        for p in self.parts.values_mut() {
+            p.last_record = Instant::now();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! The run loop: topic setup and sessions, rebuilt with backoff after a
+//! retriable failure; one session = one consumer group member and one
+//! producer, polling until stopped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer as _;
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::client::{check_outbox_partitioner, client_config, Names, Tp};
+use super::context::{Consumer, Ctx, ProduceCtx};
+use super::delivery::protocol;
+use super::error::{Result, ServiceError};
+use super::restore::local_partitions;
+use super::session::{Outputs, Session};
+use super::topics;
+use crate::config::{Config, Delivery};
+use crate::output::Route;
+use crate::telemetry::Metrics;
+
+/// A cycle is committed early once its outbox holds this many bytes.
+const MAX_CYCLE_BYTES: usize = 16 * 1024 * 1024;
+
+/// The backoff after the `n`-th consecutive failure (from 0): 0.5 s
+/// doubling up to 30 s.
+pub fn backoff(n: u32) -> Duration {
+    Duration::from_millis(500u64.saturating_mul(1u64 << n.min(16))).min(Duration::from_secs(30))
+}
+
+/// Runs the service until `stop` is set. Retriable failures rebuild the
+/// session with backoff; fatal ones are returned.
+pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
+    let names = Names::new(&cfg);
+    let metrics = Metrics::new(cfg.metrics.max_label_values as usize);
+    let addr: std::net::SocketAddr = cfg
+        .metrics
+        .listen
+        .parse()
+        .map_err(|e| ServiceError::config(format!("metrics.listen: {e}")))?;
+    let bound = crate::telemetry::serve(addr, metrics.clone()).map_err(|e| {
+        ServiceError::config(format!("cannot listen on metrics.listen {addr}: {e}"))
+    })?;
+    tracing::info!(%bound, "serving /metrics, /healthz, /readyz");
+    if cfg.kafka.delivery == Delivery::ExactlyOnceOutbox {
+        check_outbox_partitioner(&cfg)?;
+    }
+    let mut failures = 0u32;
+    let mut topics_ready = false;
+    while !stop.load(Ordering::SeqCst) {
+        let step = if topics_ready {
+            session(&cfg, &names, stop, &metrics).map(|()| true)
+        } else {
+            topics::ensure(&cfg, &names).map(|()| false)
+        };
+        match step {
+            // A session returns Ok only when stopped.
+            Ok(true) => return Ok(()),
+            Ok(false) => topics_ready = true,
+            Err(e) if !e.is_retriable() => return Err(e),
+            Err(e) => {
+                let wait = backoff(failures);
+                failures = failures.saturating_add(1);
+                let what = if topics_ready {
+                    "session ended, restarting from committed state"
+                } else {
+                    "topic setup failed, retrying"
+                };
+                tracing::warn!(fault = e.fault().as_str(), "{what} in {wait:?}: {e}");
+                sleep_unless(stop, wait);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn sleep_unless(stop: &AtomicBool, d: Duration) {
+    let end = Instant::now() + d;
+    while Instant::now() < end && !stop.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `exactly_once` needs Kafka transactions. An empty transaction sends
+/// nothing to the broker, so this one commits an input offset for a probe
+/// group (`<group_id>.txn-probe`; nothing is produced and the service's own
+/// group is untouched): a broker without transactions answers the commit
+/// with an unsupported-feature error, before any event exists.
+fn probe_transactions(cfg: &Config, producer: &BaseProducer<ProduceCtx>) -> Result<()> {
+    let probe: rdkafka::consumer::BaseConsumer = client_config(cfg)
+        .set("group.id", format!("{}.txn-probe", cfg.kafka.group_id))
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| ServiceError::kafka("create the transaction probe", e))?;
+    let meta = probe
+        .group_metadata()
+        .ok_or_else(|| ServiceError::internal("no group metadata for the transaction probe"))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&cfg.kafka.input_topics[0], 0, Offset::Offset(0))
+        .map_err(|e| ServiceError::kafka("transaction probe", e))?;
+    let timeout = Duration::from_secs(30);
+    producer
+        .begin_transaction()
+        .map_err(|e| ServiceError::kafka_txn("begin transaction (probe)", e))?;
+    let result = producer
+        .send_offsets_to_transaction(&tpl, &meta, timeout)
+        .and_then(|()| producer.commit_transaction(timeout))
+        .map_err(|e| ServiceError::kafka_txn("commit transaction (probe)", e));
+    if result.is_err() {
+        let _ = producer.abort_transaction(timeout);
+    }
+    result
+}
+
+/// One consumer-group session, until `stop` or a failure.
+fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics>) -> Result<()> {
+    metrics.set_ready(false);
+    let delivery = cfg.kafka.delivery;
+    let transactional = delivery == Delivery::ExactlyOnce;
+    let topics: [String; 3] = [
+        cfg.outputs.scores_topic.clone(),
+        cfg.outputs.flags_topic.clone(),
+        cfg.outputs.dlq_topic.clone(),
+    ];
+    let counts = topics::partition_counts(cfg, &topics)?;
+    let mut partitions = [0i32; 3];
+    for r in Route::ALL {
+        let t = &topics[r.index()];
+        partitions[r.index()] = *counts
+            .get(t)
+            .ok_or_else(|| ServiceError::broker(format!("output topic {t} has no partitions")))?;
+    }
+    let mut pc = client_config(cfg);
+    pc.set("enable.idempotence", "true").set("linger.ms", "5");
+    if transactional {
+        pc.set("transactional.id", &names.transactional_id);
+    }
+    let producer: BaseProducer<ProduceCtx> = pc
+        .create_with_context(ProduceCtx::default())
+        .map_err(|e| ServiceError::kafka("create the producer", e))?;
+    if transactional {
+        producer
+            .init_transactions(Duration::from_secs(30))
+            .map_err(|e| ServiceError::kafka_txn("init transactions", e))?;
+        probe_transactions(cfg, &producer)?;
+    }
+    let ctx = Ctx {
+        session: Mutex::new(Some(Session {
+            cfg: cfg.clone(),
+            names: names.clone(),
+            decode: cfg.decode_options(),
+            max_skew: crate::config::seconds_to_ns(cfg.input.max_future_skew_seconds),
+            producer,
+            protocol: protocol(delivery),
+            outputs: Outputs { topics, partitions },
+            metrics: metrics.clone(),
+            parts: HashMap::new(),
+            in_cycle: false,
+            cycle_started: Instant::now(),
+            offsets: HashMap::new(),
+            broken: None,
+            updates: Vec::new(),
+            assigned_once: false,
+            unowned: local_partitions(cfg)
+                .into_iter()
+                .map(|tp| (tp, Instant::now()))
+                .collect(),
+            to_restore: Vec::new(),
+            deadline: None,
+        })),
+        metrics: metrics.clone(),
+    };
+    let consumer: Consumer = client_config(cfg)
+        .set("group.id", &cfg.kafka.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .set("isolation.level", "read_committed")
+        .set("statistics.interval.ms", "5000")
+        .create_with_context(ctx)
+        .map_err(|e| ServiceError::kafka("create the consumer", e))?;
+    let input: Vec<&str> = cfg.kafka.input_topics.iter().map(String::as_str).collect();
+    consumer
+        .subscribe(&input)
+        .map_err(|e| ServiceError::kafka("subscribe", e))?;
+    tracing::info!(
+        group = %cfg.kafka.group_id,
+        topics = ?input,
+        delivery = %delivery,
+        transactional_id = %names.transactional_id,
+        "consuming"
+    );
+    let result = poll_loop(&consumer, cfg, stop);
+    // Shut down: finish the cycle when healthy, else abort it.
+    let mut guard = consumer.context().lock();
+    if let Some(s) = guard.as_mut() {
+        if result.is_ok() && s.broken.is_none() {
+            s.commit(&consumer)?;
+            s.hand_over()?;
+            for p in s.parts.values() {
+                let _ = p.store.flush();
+            }
+        } else {
+            s.abort();
+        }
+    }
+    drop(guard);
+    consumer.unsubscribe();
+    result
+}
+
+fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()> {
+    let commit_every = Duration::from_millis(cfg.kafka.commit_interval_ms as u64);
+    while !stop.load(Ordering::SeqCst) {
+        let msg = consumer.poll(Duration::from_millis(50));
+        let mut guard = consumer.context().lock();
+        let s = guard
+            .as_mut()
+            .ok_or_else(|| ServiceError::internal("session state missing"))?;
+        if let Some(e) = s.broken.take() {
+            return Err(e);
+        }
+        let restoring = std::mem::take(&mut s.to_restore);
+        if !restoring.is_empty() {
+            s.metrics.set_ready(false);
+            s.restore(consumer, restoring)?;
+        }
+        let drained = msg.is_none();
+        if s.assigned_once && s.to_restore.is_empty() && !s.metrics.is_ready() {
+            s.metrics.set_ready(true);
+        }
+        match msg {
+            None => {}
+            Some(Err(e)) => {
+                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+                    return Err(ServiceError::kafka("consumer", e));
+                }
+                tracing::warn!("consumer error: {e}");
+            }
+            Some(Ok(m)) => {
+                let tp: Tp = (m.topic().to_owned(), m.partition());
+                if !s.parts.contains_key(&tp) {
+                    s.restore(consumer, vec![tp.clone()])?;
+                }
+                s.handle(&tp, m.offset(), m.key(), m.payload())?;
+            }
+        }
+        s.cleanup_unowned();
+        // Idle flush only once the consumer has nothing buffered: a backlog
+        // being worked through is not idleness.
+        if drained {
+            s.idle_flush()?;
+        }
+        if s.in_cycle
+            && (s.cycle_started.elapsed() >= commit_every || s.outbox_bytes() >= MAX_CYCLE_BYTES)
+        {
+            s.commit(consumer)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_thirty_seconds() {
+        assert_eq!(backoff(0), Duration::from_millis(500));
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(5), Duration::from_secs(16));
+        assert_eq!(backoff(6), Duration::from_secs(30));
+        assert_eq!(backoff(u32::MAX), Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,331 @@
+//! One consumer-group session's state: the assigned partitions (engine,
+//! store, open cycle), the producer, and the open commit cycle. Everything
+//! a commit touches lives here; the rebalance callbacks reach it through
+//! the consumer context ([`super::context::Ctx`]).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, Producer as _};
+
+use super::changelog::{CycleMarker, OutEvent};
+use super::client::{property, Names, Tp};
+use super::context::ProduceCtx;
+use super::delivery::Protocol;
+use super::error::{Result, ServiceError};
+use crate::config::Config;
+use crate::engine::{Engine, ScoreUpdate};
+use crate::input::DecodeOptions;
+use crate::output::Route;
+use crate::state::{Record, Store};
+use crate::telemetry::Metrics;
+use crate::time::Nanos;
+
+/// How long one step of a commit cycle may take outside a rebalance.
+const CYCLE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One assigned input partition.
+pub struct Part {
+    pub store: Store,
+    pub engine: Engine,
+    pub last_record: Instant,
+    /// Changelog records of the open cycle, applied to RocksDB after commit.
+    pub pending: Vec<Record>,
+    /// The last cycle marker written or restored.
+    pub marker: CycleMarker,
+    /// The next input offset; records below it are already in the state.
+    pub next_offset: i64,
+    /// Events of the open cycle (kept here in outbox mode only).
+    pub out: Vec<OutEvent>,
+    pub out_count: u32,
+    pub out_bytes: usize,
+    /// Whether the open cycle changed anything of this partition.
+    pub dirty: bool,
+    pub skip_logged: bool,
+}
+
+impl Part {
+    pub fn new(store: Store, engine: Engine, marker: Option<CycleMarker>) -> Part {
+        let marker = marker.unwrap_or_else(CycleMarker::initial);
+        Part {
+            store,
+            engine,
+            last_record: Instant::now(),
+            pending: Vec::new(),
+            next_offset: marker.next_offset,
+            marker,
+            out: Vec::new(),
+            out_count: 0,
+            out_bytes: 0,
+            dirty: false,
+            skip_logged: false,
+        }
+    }
+
+    /// Forgets the open cycle's changelog records and events.
+    fn drop_cycle(&mut self) {
+        self.pending.clear();
+        self.out.clear();
+        self.out_bytes = 0;
+    }
+}
+
+/// Output topic names and partition counts, by [`Route`].
+pub struct Outputs {
+    pub topics: [String; 3],
+    pub partitions: [i32; 3],
+}
+
+impl Outputs {
+    pub fn topic(&self, r: Route) -> &str {
+        &self.topics[r.index()]
+    }
+
+    pub fn partitions(&self, r: Route) -> i32 {
+        self.partitions[r.index()]
+    }
+}
+
+pub struct Session {
+    pub cfg: Config,
+    pub names: Names,
+    pub decode: DecodeOptions,
+    /// `input.max_future_skew_seconds` in nanoseconds.
+    pub max_skew: Nanos,
+    pub producer: BaseProducer<ProduceCtx>,
+    pub protocol: &'static dyn Protocol,
+    pub outputs: Outputs,
+    pub metrics: Arc<Metrics>,
+    pub parts: HashMap<Tp, Part>,
+    /// Whether a cycle is open, and since when.
+    pub in_cycle: bool,
+    pub cycle_started: Instant,
+    /// Input offsets to commit with the open cycle.
+    pub offsets: HashMap<Tp, i64>,
+    /// Set when the session must be rebuilt (a failed commit, a lost assignment).
+    pub broken: Option<ServiceError>,
+    /// Reused buffer for the engine's score updates.
+    pub updates: Vec<ScoreUpdate>,
+    /// Whether a partition assignment (possibly empty) has been received.
+    pub assigned_once: bool,
+    /// Local partition databases not owned now, and since when.
+    pub unowned: HashMap<Tp, Instant>,
+    /// Assigned partitions whose state is still to be restored.
+    pub to_restore: Vec<Tp>,
+    /// While partitions are handed over: when the open cycle must be
+    /// finished (or aborted) by. Outside a rebalance each step of a cycle
+    /// may take [`CYCLE_STEP_TIMEOUT`].
+    pub deadline: Option<Instant>,
+}
+
+/// The deadline for finishing (or aborting) the open cycle when partitions
+/// are revoked: 2/3 of `session.timeout.ms` (from `kafka.properties`,
+/// librdkafka's default 45 s), at least 1 s, so the member is not expelled
+/// while it hands its partitions over.
+pub fn revoke_timeout(session_timeout_ms: Option<&str>) -> Duration {
+    let session_ms = session_timeout_ms
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(45_000);
+    Duration::from_millis((session_ms.saturating_mul(2) / 3).max(1_000))
+}
+
+/// The error for a partition that should be assigned and is not.
+pub fn not_assigned(tp: &Tp) -> ServiceError {
+    ServiceError::internal(format!("partition {}-{} is not assigned", tp.0, tp.1))
+}
+
+/// Where one partition's RocksDB lives.
+pub fn partition_dir(cfg: &Config, tp: &Tp) -> PathBuf {
+    PathBuf::from(&cfg.state.dir).join(format!("{}-{}", tp.0, tp.1))
+}
+
+/// Partitions of `unowned` to delete at `now`: not owned for `grace`.
+pub fn cleanup_due(
+    unowned: &HashMap<Tp, Instant>,
+    owned: impl Fn(&Tp) -> bool,
+    now: Instant,
+    grace: Duration,
+) -> Vec<Tp> {
+    let mut due: Vec<Tp> = unowned
+        .iter()
+        .filter(|(tp, since)| now.saturating_duration_since(**since) >= grace && !owned(tp))
+        .map(|(tp, _)| tp.clone())
+        .collect();
+    due.sort();
+    due
+}
+
+impl Session {
+    /// How long the next step of the cycle may take.
+    pub fn step_timeout(&self) -> Duration {
+        match self.deadline {
+            None => CYCLE_STEP_TIMEOUT,
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+        }
+    }
+
+    /// The revoke deadline for this configuration.
+    pub fn revoke_timeout(&self) -> Duration {
+        revoke_timeout(property(&self.cfg, "session.timeout.ms").as_deref())
+    }
+
+    /// Opens a cycle if none is open.
+    pub fn ensure_cycle(&mut self) -> Result<()> {
+        if !self.in_cycle {
+            self.protocol.begin(self)?;
+            self.in_cycle = true;
+            self.cycle_started = Instant::now();
+        }
+        Ok(())
+    }
+
+    pub fn part_mut(&mut self, tp: &Tp) -> Result<&mut Part> {
+        self.parts.get_mut(tp).ok_or_else(|| not_assigned(tp))
+    }
+
+    /// Waits until everything queued is acknowledged.
+    pub fn flush_acked(&self, what: &str) -> Result<()> {
+        super::produce::flush_now(&self.producer, self.step_timeout())
+            .map_err(|e| ServiceError::kafka(what, e))?;
+        self.producer.poll(Duration::ZERO);
+        match self.producer.context().take_failure() {
+            Some(e) => Err(ServiceError::delivery(what, &e)),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the open cycle in the delivery mode's order; on failure aborts it.
+    pub fn commit(&mut self, consumer: &super::context::Consumer) -> Result<()> {
+        if !self.in_cycle {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let result = self.protocol.commit(self, consumer);
+        match result {
+            Ok(()) => {
+                self.metrics
+                    .commit_duration(started.elapsed().as_secs_f64());
+                self.refresh_gauges();
+                Ok(())
+            }
+            Err(e) => {
+                self.abort();
+                Err(e)
+            }
+        }
+    }
+
+    /// Before partitions are handed over or at shutdown.
+    pub fn hand_over(&mut self) -> Result<()> {
+        self.protocol.hand_over(self)
+    }
+
+    /// Drops the open cycle; the in-memory state now runs ahead of what was
+    /// committed, so the session is marked for a rebuild.
+    pub fn abort(&mut self) {
+        if self.in_cycle {
+            self.protocol.abort(self);
+            self.in_cycle = false;
+        }
+        self.offsets.clear();
+        for p in self.parts.values_mut() {
+            p.drop_cycle();
+        }
+        self.broken.get_or_insert_with(|| {
+            ServiceError::internal("cycle aborted; rebuilding state from the last commit")
+        });
+    }
+
+    /// Bytes of events waiting in outboxes.
+    pub fn outbox_bytes(&self) -> usize {
+        self.parts.values().map(|p| p.out_bytes).sum()
+    }
+
+    /// Folds every partition's engine counters and gauges into the metrics.
+    pub fn refresh_gauges(&self) {
+        for (tp, part) in &self.parts {
+            self.metrics
+                .observe_engine(&format!("{}-{}", tp.0, tp.1), &part.engine);
+        }
+    }
+
+    /// Releases revoked partitions (their state stays on disk for
+    /// `state.cleanup_grace_seconds`).
+    pub fn release(&mut self, tps: &[Tp]) {
+        for tp in tps {
+            self.metrics.forget_partition(&format!("{}-{}", tp.0, tp.1));
+            self.metrics.forget_lag(&tp.0, tp.1);
+            if self.parts.remove(tp).is_some() {
+                tracing::info!(topic = %tp.0, partition = tp.1, "partition revoked, state released");
+            }
+            self.offsets.remove(tp);
+            self.unowned.insert(tp.clone(), Instant::now());
+        }
+    }
+
+    /// Deletes local state of partitions this instance has not owned for
+    /// `state.cleanup_grace_seconds` (the changelog still has it).
+    pub fn cleanup_unowned(&mut self) {
+        if self.unowned.is_empty() {
+            return;
+        }
+        let grace = Duration::from_secs_f64(self.cfg.state.cleanup_grace_seconds);
+        let parts = &self.parts;
+        let due = cleanup_due(
+            &self.unowned,
+            |tp| parts.contains_key(tp),
+            Instant::now(),
+            grace,
+        );
+        for tp in due {
+            self.unowned.remove(&tp);
+            let dir = partition_dir(&self.cfg, &tp);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "removed state of a partition no longer owned")
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(dir = %dir.display(), "cannot remove stale state: {e}"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revoke_deadline_is_two_thirds_of_the_session_timeout() {
+        assert_eq!(revoke_timeout(None), Duration::from_secs(30));
+        assert_eq!(revoke_timeout(Some("6000")), Duration::from_secs(4));
+        assert_eq!(revoke_timeout(Some(" 900 ")), Duration::from_secs(1));
+        assert_eq!(revoke_timeout(Some("soon")), Duration::from_secs(30));
+        // No overflow on absurd values.
+        assert!(revoke_timeout(Some(&u64::MAX.to_string())) > Duration::from_secs(1));
+    }
+
+    #[test]
+    fn unowned_state_is_removed_after_the_grace_only() {
+        let t0 = Instant::now();
+        let mut unowned = HashMap::new();
+        unowned.insert(("votes".to_string(), 0), t0);
+        unowned.insert(("votes".to_string(), 1), t0 + Duration::from_secs(5));
+        unowned.insert(("votes".to_string(), 2), t0);
+        let owned = |tp: &Tp| tp.1 == 2;
+        let grace = Duration::from_secs(10);
+        assert!(cleanup_due(&unowned, owned, t0 + Duration::from_secs(9), grace).is_empty());
+        assert_eq!(
+            cleanup_due(&unowned, owned, t0 + Duration::from_secs(10), grace),
+            vec![("votes".to_string(), 0)]
+        );
+        assert_eq!(
+            cleanup_due(&unowned, owned, t0 + Duration::from_secs(15), grace).len(),
+            2
+        );
+    }
+}
