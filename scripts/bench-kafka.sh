@@ -6,6 +6,7 @@
 #   scripts/bench-kafka.sh [VOTES]     (default 1000000)
 # The test broker (tansu 0.6.0) has no Kafka transactions, so both sides use
 # the at-least-once cycle; on Apache Kafka set DELIVERY=exactly_once.
+# JURYSTREAM_BIN=PATH measures that binary instead of the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000000}"
@@ -19,6 +20,7 @@ TARGET="${CARGO_TARGET_DIR:-target}"
 BROKERS="127.0.0.1:$PORT"
 
 cargo build --release --locked --bins
+BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
 HELPER="$(cargo bench --locked --bench kafka_passthrough --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
 for l in sys.stdin:
@@ -52,16 +54,16 @@ delivery = "$DELIVERY"
 dir = "$WORK/state-$RUN"
 TOML
 # Topics first (the service creates them), then preload the votes.
-timeout 20 "$TARGET/release/jurystream" run --config "$WORK/kafka.toml" > /dev/null 2>&1 || true
+timeout 20 "$BIN" run --config "$WORK/kafka.toml" > /dev/null 2>&1 || true
 rm -rf "$WORK/state-$RUN"
-"$TARGET/release/jurystream" produce --input "$INPUT" --topic "$RUN-votes" --brokers "$BROKERS"
+"$BIN" produce --input "$INPUT" --topic "$RUN-votes" --brokers "$BROKERS"
 TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
 
 # 1. passthrough baseline
 PASS_S="$("$HELPER" pass "$BROKERS" "$RUN-votes" "$RUN-pass-out" "$RUN-pass" "$TOTAL")"
 # 2. jurystream run
 START=$(date +%s.%N)
-"$TARGET/release/jurystream" run --config "$WORK/kafka.toml" > "$WORK/run.log" 2>&1 &
+"$BIN" run --config "$WORK/kafka.toml" > "$WORK/run.log" 2>&1 &
 PID=$!
 "$HELPER" wait "$BROKERS" "$RUN-votes" "$RUN-group" "$TOTAL" > /dev/null
 END=$(date +%s.%N)

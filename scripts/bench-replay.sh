@@ -3,6 +3,9 @@
 # `jurystream replay` (release build), next to a parse-only pass over the
 # same file. Reports votes/s and peak RSS.
 #   scripts/bench-replay.sh [VOTES]        (default 1000000)
+# JURYSTREAM_BIN=PATH measures that binary instead of building one;
+# BASELINE_BIN=PATH also measures an older build in the same runs, turn
+# about (for before/after numbers on a shared machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000000}"
@@ -12,7 +15,8 @@ INPUT="$WORK/votes-$N.jsonl"
 [ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
 TARGET="${CARGO_TARGET_DIR:-target}"
 
-cargo build --release --locked --bins
+BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
 PARSE_BIN="$(cargo bench --locked --bench parse_only --no-run --message-format=json 2>/dev/null \
     | python3 -c 'import json,sys
 for l in sys.stdin:
@@ -33,7 +37,10 @@ measure() { # label cmd...
 cat "$INPUT" > /dev/null
 for i in 1 2 3; do
     measure parse "$PARSE_BIN" "$INPUT"
-    measure replay "$TARGET/release/jurystream" replay --config "$CONFIG" --input "$INPUT"
+    measure replay "$BIN" replay --config "$CONFIG" --input "$INPUT"
+    if [ -n "${BASELINE_BIN:-}" ]; then
+        measure baseline "$BASELINE_BIN" replay --config "$CONFIG" --input "$INPUT"
+    fi
 done | python3 -c '
 import sys
 n = int(sys.argv[1])
@@ -47,5 +54,8 @@ for label, rs in rows.items():
     print(f"{label:7s} best of {len(rs)}: {best:.2f} s = {n / best:,.0f} lines/s, peak RSS {rss:.0f} MiB")
 p = min(r[0] for r in rows["parse"]); r = min(r[0] for r in rows["replay"])
 print(f"replay / parse-only time ratio: {r / p:.2f}")
+if "baseline" in rows:
+    b = min(x[0] for x in rows["baseline"])
+    print(f"replay / baseline time ratio: {r / b:.3f}")
 ' "$N"
 wc -l < "$WORK/replay.out" | xargs echo "events printed:"
