@@ -3,6 +3,10 @@
 //! reader of the output topics.
 #![allow(dead_code)]
 
+#[path = "../common/skip.rs"]
+mod skip;
+pub use skip::*;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
@@ -44,10 +48,10 @@ pub fn broker_or_skip(storage: Option<&str>) -> Option<Broker> {
     match tansu() {
         Some(t) => Some(Broker::start(t, storage)),
         None => {
-            if std::env::var("JURYSTREAM_REQUIRE_BROKER").as_deref() == Ok("1") {
-                panic!("tansu is not installed (scripts/broker.sh install)");
-            }
-            eprintln!("SKIPPED: tansu not installed; run scripts/broker.sh install");
+            skip_or_fail(
+                "tansu, the test broker, is not installed ($TANSU, PATH, ~/.cargo/bin)",
+                "scripts/broker.sh install",
+            );
             None
         }
     }
