@@ -68,7 +68,7 @@ fn exactly_once_with_transactions_equals_replay() {
     let expected = replay(&setup.config, &input);
     setup.publish(&input);
     let mut svc = Service::start(&setup, "a");
-    wait_for_count(&setup, expected.len(), Duration::from_secs(180), &svc);
+    wait_for_events(&setup, &expected, Duration::from_secs(180), &svc);
     assert_same_events(&setup, &expected);
     let log = svc.log_text();
     assert!(log.contains("delivery=exactly_once "), "{log}");
