@@ -107,7 +107,8 @@ fn every_case_directory_is_listed() {
 }
 
 /// The expected files agree with the independent Python model of the
-/// contract. Skipped (with a note) without a Python 3.11+ (tomllib).
+/// contract. Skipped (with a note) without a Python 3.11+ (tomllib),
+/// unless JURYSTREAM_REQUIRE_BROKER=1 (then it fails).
 #[test]
 fn reference_model_agrees_with_expected_files() {
     let script = golden_dir().join("reference.py");
@@ -115,8 +116,10 @@ fn reference_model_agrees_with_expected_files() {
         .args(["-c", "import tomllib"])
         .output();
     if !matches!(probe, Ok(ref o) if o.status.success()) {
-        eprintln!("python3 with tomllib not found: reference model check skipped");
-        return;
+        return skip_or_fail(
+            "python3 with tomllib (Python 3.11+) not found: the reference model check cannot run",
+            "scripts/install-deps.sh installs python3",
+        );
     }
     let out = std::process::Command::new("python3")
         .arg(&script)

@@ -353,13 +353,17 @@ struct Run {
 }
 
 fn prometheus_installed() -> bool {
-    if tool_ok("prometheus") && tool_ok("promtool") {
+    let missing: Vec<&str> = ["prometheus", "promtool"]
+        .into_iter()
+        .filter(|c| !tool_ok(c))
+        .collect();
+    if missing.is_empty() {
         return true;
     }
-    if std::env::var("JURYSTREAM_REQUIRE_BROKER").as_deref() == Ok("1") {
-        panic!("prometheus/promtool not installed (scripts/install-deps.sh)");
-    }
-    eprintln!("SKIPPED: prometheus not installed; run scripts/install-deps.sh");
+    skip_or_fail(
+        &format!("{} not installed", missing.join(" and ")),
+        "scripts/install-deps.sh installs them",
+    );
     false
 }
 

@@ -5,6 +5,10 @@
 
 #![allow(dead_code)]
 
+mod skip;
+#[allow(unused_imports)]
+pub use skip::*;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 

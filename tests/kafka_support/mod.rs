@@ -3,7 +3,11 @@
 //! reader of the output topics.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+#[path = "../common/skip.rs"]
+mod skip;
+pub use skip::*;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -44,10 +48,10 @@ pub fn broker_or_skip(storage: Option<&str>) -> Option<Broker> {
     match tansu() {
         Some(t) => Some(Broker::start(t, storage)),
         None => {
-            if std::env::var("JURYSTREAM_REQUIRE_BROKER").as_deref() == Ok("1") {
-                panic!("tansu is not installed (scripts/broker.sh install)");
-            }
-            eprintln!("SKIPPED: tansu not installed; run scripts/broker.sh install");
+            skip_or_fail(
+                "tansu, the test broker, is not installed ($TANSU, PATH, ~/.cargo/bin)",
+                "scripts/broker.sh install",
+            );
             None
         }
     }
@@ -310,6 +314,19 @@ pub fn instance(
     metrics: &str,
     idle_flush: Option<&str>,
 ) -> Service {
+    instance_with(setup, log_tag, tag, metrics, idle_flush, &[])
+}
+
+/// [`instance`] with more environment variables (they win over the
+/// harness's, `JURYSTREAM_LOG` included).
+pub fn instance_with(
+    setup: &Setup,
+    log_tag: &str,
+    tag: &str,
+    metrics: &str,
+    idle_flush: Option<&str>,
+    extra_env: &[(&str, &str)],
+) -> Service {
     let state = setup
         .dir
         .path()
@@ -324,6 +341,7 @@ pub fn instance(
     if let Some(idle) = idle_flush {
         env.push(("JURYSTREAM_BATCHING__IDLE_FLUSH_SECONDS", idle));
     }
+    env.extend_from_slice(extra_env);
     Service::start_with(&setup.config, setup.dir.path(), log_tag, &env)
 }
 
@@ -344,11 +362,11 @@ impl Service {
         let child = Command::new(BIN)
             .args(["run", "--config"])
             .arg(config)
-            .envs(env.iter().copied())
             .env(
                 "JURYSTREAM_LOG",
                 std::env::var("JURYSTREAM_TEST_LOG").unwrap_or_else(|_| "info,rdkafka=warn".into()),
             )
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(f)
             .spawn()
@@ -384,45 +402,92 @@ impl Drop for Service {
     }
 }
 
+/// One message of an output topic, as a read_committed reader sees it.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<String>,
+    /// The `jurystream-origin` header: `<input topic>/<partition>/<cycle>/<index>`.
+    pub origin: Option<String>,
+    pub value: Value,
+}
+
+impl Record {
+    /// The origin's input partition and cycle.
+    pub fn cycle(&self) -> Option<(i32, u64)> {
+        let o = self.origin.as_deref()?;
+        let mut it = o.rsplitn(4, '/');
+        let _index = it.next()?;
+        let cycle = it.next()?.parse().ok()?;
+        let partition = it.next()?.parse().ok()?;
+        Some((partition, cycle))
+    }
+}
+
+/// Every message of `topics` a read_committed consumer sees now, read to
+/// the end of every partition (a topic that does not exist yet is empty).
+/// Panics when the end is not reached within the reader's deadline, never
+/// returns part of the topics.
+pub fn read_records(bootstrap: &str, topics: &[String]) -> Vec<Record> {
+    use rdkafka::message::Headers;
+    let mut out = Vec::new();
+    read_all(bootstrap, topics, &mut out, |out, m| {
+        let origin = m.headers().and_then(|h| {
+            h.iter()
+                .find(|x| x.key == "jurystream-origin")
+                .map(|x| String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned())
+        });
+        let payload = m.payload().unwrap_or(b"null");
+        let value: Value = serde_json::from_slice(payload).unwrap_or_else(|e| {
+            panic!(
+                "{} [{}] offset {}: not JSON ({e}): {}",
+                m.topic(),
+                m.partition(),
+                m.offset(),
+                String::from_utf8_lossy(payload)
+            )
+        });
+        out.push(Record {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+            origin,
+            value,
+        });
+    });
+    out
+}
+
 /// Every message of `topics` a read_committed consumer sees now, per topic,
-/// as (partition, offset, key, JSON value).
+/// as (topic, partition, offset, key, JSON value); see [`read_records`].
 pub fn read_committed(
     bootstrap: &str,
     topics: &[String],
 ) -> Vec<(String, i32, i64, Option<String>, Value)> {
-    let mut out = Vec::new();
-    read_all(bootstrap, topics, &mut out, |out, m| {
-        let v: Value = serde_json::from_slice(m.payload().unwrap_or(b"null")).unwrap();
-        out.push((
-            m.topic().to_owned(),
-            m.partition(),
-            m.offset(),
-            m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-            v,
-        ));
-    });
-    out
+    read_records(bootstrap, topics)
+        .into_iter()
+        .map(|r| (r.topic, r.partition, r.offset, r.key, r.value))
+        .collect()
 }
 
-/// The `jurystream-origin` header of every message of `topics`.
+/// The `jurystream-origin` header of every message of `topics` that has one.
 pub fn read_origins(bootstrap: &str, topics: &[String]) -> Vec<String> {
-    use rdkafka::message::Headers;
-    let mut out = Vec::new();
-    read_all(bootstrap, topics, &mut out, |out, m| {
-        if let Some(h) = m.headers() {
-            for x in h.iter() {
-                if x.key == "jurystream-origin" {
-                    out.push(String::from_utf8_lossy(x.value.unwrap_or_default()).into_owned());
-                }
-            }
-        }
-    });
-    out
+    read_records(bootstrap, topics)
+        .into_iter()
+        .filter_map(|r| r.origin)
+        .collect()
 }
+
+/// How long one read of the output topics may take before it fails.
+const READ_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Calls `f` for every message of `topics`, read to the end, into `out`.
 /// A broker that is down for a moment (a test restarting it) makes the
-/// whole read start again.
+/// whole read start again; a read that does not reach the end of every
+/// partition within [`READ_DEADLINE`] panics.
 fn read_all<T>(
     bootstrap: &str,
     topics: &[String],
@@ -437,17 +502,22 @@ fn read_all<T>(
                 eprintln!("reader: {e}; reading again");
                 std::thread::sleep(Duration::from_secs(1));
             }
-            Err(e) => panic!("reader: {e}"),
+            Err(e) => panic!("reader of {topics:?}: {e}, 30 attempts"),
         }
     }
 }
 
+/// One read of `topics`, one topic at a time: librdkafka reports the end of
+/// a partition (PartitionEOF) by partition number only, so a topic's
+/// partitions are read to their end before the next topic is assigned.
 fn read_once<T>(
     bootstrap: &str,
     topics: &[String],
     out: &mut Vec<T>,
     f: &mut impl FnMut(&mut Vec<T>, &BorrowedMessage<'_>),
 ) -> Result<(), KafkaError> {
+    use rdkafka::error::RDKafkaErrorCode;
+    use rdkafka::types::RDKafkaRespErr;
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "jurystream-test-reader")
@@ -456,37 +526,67 @@ fn read_once<T>(
         .set("isolation.level", "read_committed")
         .create()
         .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    let mut parts = 0;
+    let end = Instant::now() + READ_DEADLINE;
     for t in topics {
-        let md = match consumer.fetch_metadata(Some(t), Duration::from_secs(10)) {
-            Ok(m) => m,
-            Err(_) => continue,
+        let md = consumer.fetch_metadata(Some(t), Duration::from_secs(10))?;
+        let Some(mt) = md.topics().iter().find(|mt| mt.name() == t) else {
+            continue;
         };
-        for mt in md.topics() {
-            if mt.error().is_some() {
-                continue;
-            }
-            for p in mt.partitions() {
-                tpl.add_partition_offset(t, p.id(), Offset::Beginning)
-                    .unwrap();
-                parts += 1;
-            }
-        }
-    }
-    if parts == 0 {
-        return Ok(());
-    }
-    consumer.assign(&tpl)?;
-    // Each assigned partition reports EOF once it has been read to its end.
-    let mut eofs = 0;
-    let end = Instant::now() + Duration::from_secs(60);
-    while eofs < parts && Instant::now() < end {
-        match consumer.poll(Duration::from_millis(500)) {
+        match mt.error() {
             None => {}
-            Some(Err(KafkaError::PartitionEOF(_))) => eofs += 1,
-            Some(Err(e)) => return Err(e),
-            Some(Ok(m)) => f(out, &m),
+            // not created yet: nothing was written to it
+            Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => continue,
+            Some(e) => return Err(KafkaError::MetadataFetch(RDKafkaErrorCode::from(e))),
+        }
+        let mut tpl = TopicPartitionList::new();
+        let parts: BTreeSet<i32> = mt.partitions().iter().map(|p| p.id()).collect();
+        for p in &parts {
+            tpl.add_partition_offset(t, *p, Offset::Beginning)?;
+        }
+        if parts.is_empty() {
+            continue;
+        }
+        consumer.assign(&tpl)?;
+        let mut at_end: BTreeSet<i32> = BTreeSet::new();
+        let mut read: BTreeMap<i32, usize> = BTreeMap::new();
+        while at_end != parts {
+            if Instant::now() > end {
+                let watermarks: Vec<String> = parts
+                    .iter()
+                    .filter(|p| !at_end.contains(p))
+                    .map(|p| {
+                        let high = consumer
+                            .fetch_watermarks(t, *p, Duration::from_secs(5))
+                            .map_or_else(|e| format!("? ({e})"), |(_, h)| h.to_string());
+                        format!(
+                            "partition {p}: {} read, high watermark {high}",
+                            read.get(p).unwrap_or(&0)
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "reader: the end of {t} not reached within {READ_DEADLINE:?}: \
+                     {} of {} partitions at their end, {} messages of {t} read; \
+                     not at the end:\n  {}",
+                    at_end.len(),
+                    parts.len(),
+                    read.values().sum::<usize>(),
+                    watermarks.join("\n  ")
+                );
+            }
+            match consumer.poll(Duration::from_millis(500)) {
+                None => {}
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    at_end.insert(p);
+                }
+                Some(Err(e)) => return Err(e),
+                // Anything of an earlier topic's assignment is already read.
+                Some(Ok(m)) if m.topic() != t => {}
+                Some(Ok(m)) => {
+                    *read.entry(m.partition()).or_default() += 1;
+                    f(out, &m);
+                }
+            }
         }
     }
     Ok(())
@@ -618,38 +718,99 @@ pub fn transactions_supported(bootstrap: &str, topic: &str) -> Result<(), String
         .map_err(|e| e.to_string())
 }
 
-/// Polls the committed output until it holds `n` events (panics on more;
-/// prints the service log's tail and returns the count on timeout).
-pub fn wait_for_count(setup: &Setup, n: usize, deadline: Duration, svc: &Service) -> usize {
-    let end = std::time::Instant::now() + deadline;
+/// Polls the committed output until it holds as many events as
+/// `expected`. Panics on more, and when `deadline` passes: with the count
+/// per topic, what is missing or extra against `expected`, and the tail of
+/// the service's log.
+pub fn wait_for_events(setup: &Setup, expected: &[Value], deadline: Duration, svc: &Service) {
+    let n = expected.len();
+    let end = Instant::now() + deadline;
     loop {
-        let got = read_committed(&setup.bootstrap, &setup.output_topics()).len();
-        if got > n {
+        let got = read_committed(&setup.bootstrap, &setup.output_topics());
+        if got.len() > n {
             panic!(
-                "more output events than expected: {got} > {n}\n{}",
-                svc.log_text()
+                "more output events than expected: {} > {n}\n{}",
+                got.len(),
+                log_tail(svc)
             );
         }
-        if got == n {
-            return got;
+        if got.len() == n {
+            return;
         }
-        if std::time::Instant::now() > end {
-            let log = svc.log_text();
-            let tail: String = log
-                .lines()
-                .rev()
-                .take(60)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n");
-            // The caller's comparison says what is missing or extra.
-            eprintln!("timed out waiting for {n} committed output events: {got} read\n{tail}");
-            return got;
+        if Instant::now() > end {
+            let mut by_topic: Vec<_> = count_by_topic(&got).into_iter().collect();
+            by_topic.sort();
+            let values: Vec<Value> = got.into_iter().map(|e| e.4).collect();
+            panic!(
+                "timed out after {deadline:?} waiting for {n} committed output events in {:?}: \
+                 {} read {by_topic:?}\n{}\n--- service log (tail)\n{}",
+                setup.output_topics(),
+                values.len(),
+                differences(expected, &values),
+                log_tail(svc)
+            );
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// The last 60 lines of `svc`'s log.
+pub fn log_tail(svc: &Service) -> String {
+    let log = svc.log_text();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+/// What `have` lacks and has extra against `want`, as normalized event
+/// multisets (up to three of each), or "" when they are equal.
+pub fn differences(want: &[Value], have: &[Value]) -> String {
+    let want = multiset(want);
+    let have = multiset(have);
+    if want == have {
+        return String::new();
+    }
+    let (missing, extra) = multiset_diff(&want, &have);
+    format!(
+        "{} expected, {} read; {} missing, {} extra\nmissing: {:#?}\nextra: {:#?}",
+        want.len(),
+        have.len(),
+        missing.len(),
+        extra.len(),
+        &missing[..missing.len().min(3)],
+        &extra[..extra.len().min(3)]
+    )
+}
+
+/// (want − have, have − want) of two sorted multisets.
+pub fn multiset_diff<'a>(want: &'a [String], have: &'a [String]) -> (Vec<&'a str>, Vec<&'a str>) {
+    let (mut missing, mut extra) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < want.len() || j < have.len() {
+        match (want.get(i), have.get(j)) {
+            (Some(w), Some(h)) if w == h => {
+                i += 1;
+                j += 1;
+            }
+            (Some(w), Some(h)) if w < h => {
+                missing.push(w.as_str());
+                i += 1;
+            }
+            (Some(_), Some(h)) => {
+                extra.push(h.as_str());
+                j += 1;
+            }
+            (Some(w), None) => {
+                missing.push(w.as_str());
+                i += 1;
+            }
+            (None, Some(h)) => {
+                extra.push(h.as_str());
+                j += 1;
+            }
+            (None, None) => unreachable!(),
+        }
+    }
+    (missing, extra)
 }
 
 /// The committed output equals `expected` as a multiset, and each series'
@@ -657,17 +818,8 @@ pub fn wait_for_count(setup: &Setup, n: usize, deadline: Duration, svc: &Service
 pub fn assert_same_events(setup: &Setup, expected: &[serde_json::Value]) {
     let got = read_committed(&setup.bootstrap, &setup.output_topics());
     let got_values: Vec<serde_json::Value> = got.iter().map(|e| e.4.clone()).collect();
-    let want = multiset(expected);
-    let have = multiset(&got_values);
-    if want != have {
-        let missing: Vec<_> = want.iter().filter(|e| !have.contains(e)).take(3).collect();
-        let extra: Vec<_> = have.iter().filter(|e| !want.contains(e)).take(3).collect();
-        panic!(
-            "outputs differ from replay: {} expected, {} read\nmissing: {missing:#?}\nextra: {extra:#?}",
-            want.len(),
-            have.len()
-        );
-    }
+    let diff = differences(expected, &got_values);
+    assert!(diff.is_empty(), "outputs differ from replay: {diff}");
     // Events of one series keep their order (update_seq increases by one).
     let mut last: HashMap<(String, String), u64> = HashMap::new();
     for (topic, _, _, key, v) in &got {
