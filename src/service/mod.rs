@@ -28,7 +28,7 @@ use rdkafka::message::{DeliveryResult, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
-use crate::config::Config;
+use crate::config::{Config, Delivery};
 use crate::engine::time::{format_timestamp, Nanos, NANOS_PER_SEC};
 use crate::engine::{Engine, Outcome, ScoreUpdate};
 use crate::input::{decode_vote, dlq_payload, DecodeOptions, Reason, Rejection};
@@ -125,10 +125,10 @@ enum Mode {
 
 impl Mode {
     fn of(cfg: &Config) -> Mode {
-        match cfg.kafka.delivery.as_str() {
-            "exactly_once_outbox" => Mode::Outbox,
-            "at_least_once" => Mode::AtLeastOnce,
-            _ => Mode::Transactional,
+        match cfg.kafka.delivery {
+            Delivery::ExactlyOnceOutbox => Mode::Outbox,
+            Delivery::AtLeastOnce => Mode::AtLeastOnce,
+            Delivery::ExactlyOnce => Mode::Transactional,
         }
     }
 }
