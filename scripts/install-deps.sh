@@ -1,23 +1,56 @@
 #!/usr/bin/env bash
-# Installs what building and testing jurystream needs, when it is missing:
-# Debian packages for the RocksDB/librdkafka builds (clang/libclang for
-# bindgen, a C/C++ toolchain) and Prometheus (promtool) for the metric and
-# alert-rule tests. Idempotent: a machine that has everything pays nothing.
+# Installs what building and testing jurystream needs, when it is missing.
+#   scripts/install-deps.sh           everything scripts/test.sh needs
+#   scripts/install-deps.sh --build   only what `cargo build` needs
+# Building: Debian packages for the RocksDB/librdkafka builds (clang and
+# libclang for bindgen, a C/C++ toolchain, make). Testing adds python3 (the
+# golden reference model), curl and Prometheus (promtool, for the metric and
+# alert-rule tests). Idempotent and silent when nothing is missing: a machine
+# that has everything pays nothing. Needs Debian/Ubuntu (apt-get) and root or
+# sudo only when something is missing; the Rust toolchain itself comes from
+# https://rustup.rs.
 set -euo pipefail
+
+build_only=false
+case "${1:-}" in
+"") ;;
+--build) build_only=true ;;
+*)
+    echo "usage: scripts/install-deps.sh [--build]" >&2
+    exit 64
+    ;;
+esac
+
+# bindgen loads libclang.so (or libclang-N.so.M) at build time; the clang
+# package alone only brings libclang-cpp, which bindgen cannot use.
+have_libclang() {
+    local f
+    for f in /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* \
+        /usr/lib/*-linux-gnu/libclang.so* /usr/lib/*-linux-gnu/libclang-[0-9]*.so*; do
+        [ -e "$f" ] && return 0
+    done
+    return 1
+}
 
 need_apt=()
 command -v clang >/dev/null 2>&1 || need_apt+=(clang)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need_apt+=(libclang-dev)
+have_libclang || need_apt+=(libclang-dev)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
-command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
-command -v curl >/dev/null 2>&1 || need_apt+=(curl)
-command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+if ! $build_only; then
+    command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+    command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+    command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "install-deps: apt-get install ${need_apt[*]}"
     SUDO=""
     [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${need_apt[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+    echo "install-deps: no Rust toolchain (cargo); install it from https://rustup.rs" >&2
 fi

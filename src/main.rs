@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use jurystream::config::{Config, ConfigError};
+use jurystream::config::{Config, ConfigError, LogFormat};
 
 /// jurystream turns a stream of human votes on AI outputs into time-decayed
 /// quality scores and ambiguity flags (GrandJury protocol), with RocksDB state
@@ -172,13 +172,15 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             if let Some(f) = log_format {
-                if f != "text" && f != "json" {
-                    eprintln!("jurystream: --log-format must be text or json");
-                    return ExitCode::from(2);
+                match f.parse::<LogFormat>() {
+                    Ok(f) => cfg.log.format = f,
+                    Err(e) => {
+                        eprintln!("jurystream: --log-format: {e}");
+                        return ExitCode::from(2);
+                    }
                 }
-                cfg.log.format = f;
             }
-            init_logging(cfg.log.format == "json");
+            init_logging(cfg.log.format == LogFormat::Json);
             install_signal_handlers();
             shutdown_watchdog(Duration::from_millis(cfg.kafka.shutdown_timeout_ms as u64));
             jurystream::service::run(cfg, &STOP).map_err(anyhow::Error::from)

@@ -1,7 +1,8 @@
 //! The quick-start example and the README stay true: `examples/votes.jsonl`
 //! with `config/example.toml` replays cleanly, the README's sample events
-//! are what that replay prints, and the README's configuration table names
-//! every key of `config/default.toml`.
+//! are what that replay prints, the README's configuration table names
+//! every key of `config/default.toml`, and configuration errors end the
+//! program as the README says (exit status 2, the key or the variable).
 
 mod common;
 
@@ -90,8 +91,9 @@ fn json_blocks(md: &str) -> Vec<Value> {
 #[test]
 fn readme_quick_start_is_what_the_example_prints() {
     let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    // The first command works alone: it installs what the build needs.
     assert!(readme.contains(
-        "cargo run --release -- replay --config config/example.toml --input examples/votes.jsonl"
+        "\nscripts/install-deps.sh --build && cargo run --release -- replay --config config/example.toml --input examples/votes.jsonl\n"
     ));
     assert!(readme.contains("scripts/test.sh"));
     let samples = json_blocks(&readme);
@@ -157,4 +159,56 @@ fn readme_configuration_table_names_every_default_key() {
         .filter(|k| !readme.contains(&format!("| `{k}` |")))
         .collect();
     assert!(missing.is_empty(), "README lacks rows for {missing:?}");
+}
+
+/// Runs `replay` of the example with `env` set and returns (status, stderr, stdout).
+fn replay_with_env(config: Option<&Path>, env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut c = command();
+    c.arg("replay")
+        .arg("--input")
+        .arg(root().join("examples/votes.jsonl"));
+    if let Some(p) = config {
+        c.arg("--config").arg(p);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().expect("cannot run jurystream");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn configuration_errors_exit_2_naming_the_variable_or_the_key() {
+    let (code, err, out) = replay_with_env(None, &[("JURYSTREAM_BATCHING__WINDOW_SECS", "5")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("configuration error: JURYSTREAM_BATCHING__WINDOW_SECS: unknown key"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "{out}");
+    let (code, err, _) = replay_with_env(None, &[("JURYSTREAM_SCORING__LAMBDA", "-1")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("JURYSTREAM_SCORING__LAMBDA"), "{err}");
+    let (code, err, _) =
+        replay_with_env(None, &[("JURYSTREAM_BATCHING__IDLE_FLUSH_SECONDS", "1e20")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("JURYSTREAM_BATCHING__IDLE_FLUSH_SECONDS"),
+        "{err}"
+    );
+    // From the file: the key path, no variable.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "[kafka]\ndelivery = \"twice\"\n").unwrap();
+    let (code, err, _) = replay_with_env(Some(&file), &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(r#"kafka.delivery: must be "exactly_once", "exactly_once_outbox" or "at_least_once", got "twice""#),
+        "{err}"
+    );
+    assert!(!err.contains("JURYSTREAM_"), "{err}");
 }
