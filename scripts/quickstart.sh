@@ -12,6 +12,7 @@ METRICS="127.0.0.1:${QUICKSTART_METRICS_PORT:-19464}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/jurystream-quickstart.XXXXXX")"
 BIN="${CARGO_TARGET_DIR:-target}/debug/jurystream"
 
+scripts/install-deps.sh
 cargo build --locked --bins
 scripts/broker.sh install
 scripts/broker.sh start "$PORT"
