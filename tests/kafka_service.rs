@@ -406,8 +406,6 @@ fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
     });
     b.kill9();
     let killed_at = std::time::Instant::now();
-    // Where b's partitions stood: nobody commits them until a takeover.
-    let committed_at_kill = committed_offsets(&setup, "kill3-group");
     let b_log = b.log_text();
     let since_last_assignment = b_log
         .rsplit_once("partitions assigned")
@@ -466,34 +464,46 @@ fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
         produced,
         "the survivors to commit everything",
     );
-    // When b was killed with input of its partitions left, it was inside
-    // or just after a cycle whose delivery it had not marked: whoever took
-    // its partitions over completed that cycle from the outbox before
-    // consuming them. (b may also have finished its partitions before the
-    // kill; its idle flushes then marked them delivered.)
+    // Evidence, not asserted: whether a takeover completed an interrupted
+    // cycle of b's. In runs on tansu b's partitions were sometimes
+    // mid-stream at the kill (restored position below the end) and still
+    // had no undelivered last cycle (a last cycle without events, or
+    // sealed by a rebalance b began before the kill); the exactness below
+    // is the assertion. kill_9_at_many_points_loses_and_doubles_nothing
+    // asserts the completion of interrupted cycles.
     if mode == "exactly_once_outbox" {
         let high = high_watermarks(&setup);
-        let b_mid_stream: Vec<i32> = b_parts
+        let logs: Vec<String> = since_kill
             .iter()
-            .copied()
-            .filter(|p| committed_at_kill.get(p).copied().unwrap_or(-1) < high[p])
+            .map(|(log, from)| std::fs::read_to_string(log).unwrap()[*from..].to_owned())
             .collect();
-        let completed: Vec<Reconciled> = since_kill
+        let restored_at = |p: i32| {
+            logs.iter()
+                .flat_map(|l| l.lines())
+                .filter(|l| l.contains("partition state restored"))
+                .filter(|l| l.contains(&format!(" partition={p} ")))
+                .filter_map(|l| {
+                    l.split(" next_offset=")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse::<i64>()
+                        .ok()
+                })
+                .min()
+        };
+        let positions: Vec<(i32, Option<i64>, i64)> = b_parts
             .iter()
-            .flat_map(|(log, from)| {
-                let text = std::fs::read_to_string(log).unwrap();
-                reconciled_cycles(&text[*from..])
-            })
+            .map(|p| (*p, restored_at(*p), high[p]))
+            .collect();
+        let completed: Vec<Reconciled> = logs
+            .iter()
+            .flat_map(|l| reconciled_cycles(l))
             .filter(|c| b_parts.contains(&c.partition))
             .collect();
         eprintln!(
-            "b's partitions {b_parts:?}, with input left at the kill: {b_mid_stream:?}; \
-             their interrupted cycles completed by the others: {completed:?}"
-        );
-        assert!(
-            b_mid_stream.is_empty() || !completed.is_empty(),
-            "b was killed with input of {b_mid_stream:?} left, and no member completed \
-             the last cycle of b's partitions {b_parts:?} after the kill"
+            "b's partitions (partition, position the takeover restored, end): {positions:?}; \
+             interrupted cycles of them completed by the others: {completed:?}"
         );
     }
     stop_one_at_a_time(members, 6);
