@@ -352,8 +352,18 @@ pub struct Service {
 }
 
 impl Service {
+    /// The service with `setup`'s configuration. Its metrics listen on a
+    /// free port unless the configuration names one: the default (9464)
+    /// may belong to another test run on the machine, and the service
+    /// stops when it cannot listen.
     pub fn start(setup: &Setup, tag: &str) -> Service {
-        Self::start_with(&setup.config, setup.dir.path(), tag, &[])
+        let text = std::fs::read_to_string(&setup.config).unwrap();
+        let env: &[(&str, &str)] = if text.contains("[metrics]") {
+            &[]
+        } else {
+            &[("JURYSTREAM_METRICS__LISTEN", "127.0.0.1:0")]
+        };
+        Self::start_with(&setup.config, setup.dir.path(), tag, env)
     }
 
     pub fn start_with(config: &Path, dir: &Path, tag: &str, env: &[(&str, &str)]) -> Service {
