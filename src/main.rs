@@ -58,8 +58,11 @@ enum Command {
     /// state changelog and input offsets; RocksDB under state.dir).
     ///
     /// SIGTERM/SIGINT stop polling, finish (or abort) the open cycle and exit
-    /// 0. Broker outages are retried with backoff; a fenced producer or a
-    /// corrupt state store stops the process with exit status 1.
+    /// 0. A shutdown still running after kafka.shutdown_timeout_ms exits with
+    /// status 3 without finishing the cycle (nothing of it is committed; the
+    /// next start redoes it). Broker outages are retried with backoff; a
+    /// fenced producer or a corrupt state store stops the process with exit
+    /// status 1; a configuration error exits with status 2.
     Run {
         /// Configuration file (TOML); keys not set keep their defaults.
         #[arg(long, value_name = "FILE")]
@@ -125,32 +128,36 @@ fn init_logging(json: bool) {
     };
 }
 
+/// Set by SIGTERM/SIGINT: the service stops polling and ends the open cycle.
 static STOP: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
+/// Exit status of a shutdown that ran past `kafka.shutdown_timeout_ms`
+/// (stated in `run --help`).
+const EXIT_SHUTDOWN_TIMEOUT: u8 = 3;
 
-fn install_signal_handlers() {
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGTERM, handler);
-        libc::signal(libc::SIGINT, handler);
-    }
-}
-
-/// After a stop request, exits anyway once the shutdown timeout has passed
-/// (an unfinished transaction is aborted by the next start).
-fn shutdown_watchdog(timeout: Duration) {
-    std::thread::spawn(move || {
-        while !STOP.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(timeout);
-        eprintln!("jurystream: shutdown took longer than kafka.shutdown_timeout_ms; exiting without finishing the cycle");
-        std::process::exit(1);
-    });
+/// SIGTERM/SIGINT set [`STOP`]. The first one also arms the shutdown
+/// watchdog: if the process is still running `timeout` later, it exits with
+/// [`EXIT_SHUTDOWN_TIMEOUT`] without finishing the cycle (an unfinished
+/// transaction is aborted by the next start; nothing partial is committed).
+fn install_signal_handlers(timeout: Duration) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    std::thread::Builder::new()
+        .name("shutdown-watchdog".into())
+        .spawn(move || {
+            // Blocks until the first signal arrives.
+            if signals.forever().next().is_none() {
+                return;
+            }
+            STOP.store(true, Ordering::SeqCst);
+            std::thread::sleep(timeout);
+            eprintln!(
+                "jurystream: shutdown took longer than kafka.shutdown_timeout_ms; \
+                 exiting with status {EXIT_SHUTDOWN_TIMEOUT} without finishing the cycle"
+            );
+            std::process::exit(i32::from(EXIT_SHUTDOWN_TIMEOUT));
+        })?;
+    Ok(())
 }
 
 fn load_config(path: Option<&std::path::Path>) -> Result<Config, ExitCode> {
@@ -181,8 +188,11 @@ fn main() -> ExitCode {
                 }
             }
             init_logging(cfg.log.format == LogFormat::Json);
-            install_signal_handlers();
-            shutdown_watchdog(Duration::from_millis(cfg.kafka.shutdown_timeout_ms as u64));
+            let timeout = Duration::from_millis(cfg.kafka.shutdown_timeout_ms as u64);
+            if let Err(e) = install_signal_handlers(timeout) {
+                eprintln!("jurystream: cannot install the signal handlers: {e}");
+                return ExitCode::FAILURE;
+            }
             jurystream::service::run(cfg, &STOP).map_err(anyhow::Error::from)
         }
         Command::Produce {

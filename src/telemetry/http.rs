@@ -1,0 +1,256 @@
+//! The HTTP server: `/metrics`, `/healthz`, `/readyz` (SPEC §8) on axum,
+//! one small tokio runtime on a background thread. Later routes (`/v1/...`)
+//! go into [`router`].
+//!
+//! Limits (a slow or hostile client cannot exhaust the process):
+//! - at most [`MAX_CONNECTIONS`] connections at a time; further ones wait
+//!   in the kernel's accept backlog until one closes;
+//! - the request line and headers: at most [`MAX_HEADER_BYTES`] bytes and
+//!   [`MAX_HEADERS`] headers, else `431`; they must arrive within
+//!   [`HEADER_READ_TIMEOUT`], else the connection is closed;
+//! - a body of at most [`MAX_BODY_BYTES`], else `413`;
+//! - a request is answered within [`REQUEST_TIMEOUT`], else `408`;
+//! - a connection is closed (after its current request) once it is
+//!   [`CONNECTION_MAX_AGE`] old, so idle keep-alive clients give their slot
+//!   back.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::Semaphore;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use super::{Metrics, CONTENT_TYPE};
+
+/// Connections served at the same time.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Request line plus headers, in bytes.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Headers per request.
+pub const MAX_HEADERS: usize = 64;
+/// Request body, in bytes.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Time for a client to send the request line and headers.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time to answer one request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Lifetime of one (keep-alive) connection.
+pub const CONNECTION_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    pub metrics: Arc<Metrics>,
+}
+
+/// Every route, with the body limit and request timeout. Unknown paths are
+/// `404`; a known path with another method is `405`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .with_state(state)
+        .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+}
+
+async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, CONTENT_TYPE)], s.metrics.render())
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<AppState>) -> (StatusCode, &'static str) {
+    if s.metrics.is_ready() {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn not_found() -> (StatusCode, &'static str) {
+    (StatusCode::NOT_FOUND, "not found\n")
+}
+
+/// Serves [`router`] on `addr` from a background thread. Binds before it
+/// returns (a bind error is returned) and answers the bound address (port 0
+/// picks one). Usable from synchronous code.
+pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    listener.set_nonblocking(true)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let listener = {
+        let _guard = rt.enter();
+        tokio::net::TcpListener::from_std(listener)?
+    };
+    let app = router(AppState { metrics });
+    std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || rt.block_on(accept_loop(listener, app)))?;
+    Ok(bound)
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_header_size(MAX_HEADER_BYTES)
+        .max_headers(MAX_HEADERS);
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return; // never closed
+        };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: wait, do not spin.
+                tracing::warn!(error = %e, "metrics server: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let conn =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut conn = std::pin::pin!(conn);
+            if tokio::time::timeout(CONNECTION_MAX_AGE, conn.as_mut())
+                .await
+                .is_err()
+            {
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout(REQUEST_TIMEOUT, conn).await;
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    /// Sends `request` on a new connection; the status code of the answer.
+    fn status(addr: SocketAddr, request: &[u8]) -> u16 {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // The server may answer and close before the whole request is
+        // written (an oversized head): a write error is fine then.
+        let _ = s.write_all(request);
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        let text = String::from_utf8_lossy(&buf);
+        text.split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"))
+    }
+
+    fn get(addr: SocketAddr, path: &str) -> u16 {
+        status(
+            addr,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+    }
+
+    #[test]
+    fn routes_limits_and_the_server_keeps_answering() {
+        let m = Metrics::new(10);
+        let addr = serve("127.0.0.1:0".parse().unwrap(), m.clone()).unwrap();
+        assert_eq!(get(addr, "/healthz"), 200);
+        assert_eq!(get(addr, "/readyz"), 503);
+        m.set_ready(true);
+        assert_eq!(get(addr, "/readyz"), 200);
+        assert_eq!(get(addr, "/metrics"), 200);
+        assert_eq!(get(addr, "/metrics?x=1"), 200);
+        assert_eq!(get(addr, "/nope"), 404);
+        assert_eq!(get(addr, "/v1/scores"), 404);
+        assert_eq!(
+            status(
+                addr,
+                b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            ),
+            405
+        );
+
+        // Oversized head: one header over the limit, and too many headers.
+        // (Kept small enough that the server reads all of it before it
+        // answers, so its close is not a reset that could eat the answer.)
+        let big = format!(
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+            "a".repeat(MAX_HEADER_BYTES + 512)
+        );
+        assert_eq!(status(addr, big.as_bytes()), 431);
+        let mut many = String::from("GET /metrics HTTP/1.1\r\nHost: x\r\n");
+        for i in 0..(MAX_HEADERS + 10) {
+            many.push_str(&format!("X-H{i}: v\r\n"));
+        }
+        many.push_str("\r\n");
+        assert_eq!(status(addr, many.as_bytes()), 431);
+        // Oversized body, as declared (the body itself is not sent).
+        let req = format!(
+            "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            MAX_BODY_BYTES + 1
+        );
+        assert_eq!(status(addr, req.as_bytes()), 413);
+        // Garbage is a 400, not a crash.
+        assert_eq!(status(addr, b"\x00\x01 nonsense\r\n\r\n"), 400);
+
+        // Still answering, and the content is today's.
+        assert_eq!(get(addr, "/healthz"), 200);
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert!(
+            text.to_ascii_lowercase()
+                .contains("content-type: text/plain; version=0.0.4"),
+            "{text}"
+        );
+        assert!(text.contains("jurystream_build_info{version="), "{text}");
+    }
+
+    #[test]
+    fn connections_beyond_the_bound_wait_for_a_slot() {
+        let addr = serve("127.0.0.1:0".parse().unwrap(), Metrics::new(10)).unwrap();
+        // MAX_CONNECTIONS idle connections hold every slot.
+        let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let mut s = TcpStream::connect(addr).unwrap(); // kernel backlog
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        s.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        assert!(s.read(&mut buf).is_err(), "answered beyond the bound");
+        // One slot frees up: the waiting request is answered.
+        drop(idle);
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.0 200"), "{text}");
+    }
+}

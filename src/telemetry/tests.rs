@@ -1,0 +1,334 @@
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+
+use prometheus::proto::MetricType;
+
+use super::*;
+use crate::engine::{RubricParams, ScoreUpdate, SeriesKey};
+
+fn update(model: Option<&str>, rubric: &str, ambiguous: bool) -> ScoreUpdate {
+    ScoreUpdate {
+        series: SeriesKey {
+            inference_id: "i".into(),
+            voter_prompt_id: rubric.into(),
+        },
+        model_id: model.map(Into::into),
+        update_seq: 1,
+        score: 0.5,
+        previous_score: 0.5,
+        alpha: 0.5,
+        delta_t_seconds: 1.0,
+        ambiguous,
+        params: RubricParams {
+            lambda: 0.01,
+            time_unit: crate::engine::score::TimeUnit::Seconds,
+            variance_threshold: 0.05,
+            aggregator: crate::engine::score::Aggregator::Mean,
+            temperature: 0.5,
+        },
+        window_seconds: 60.0,
+        window_start: 0,
+        window_end: None,
+        first_vote_at: 0,
+        last_vote_at: 0,
+        abstentions: 0,
+        superseded: 0,
+        weight_sum: 1.0,
+        mean_vote: 0.5,
+        aggregate: 0.5,
+        variance: 0.0,
+        votes: vec![],
+    }
+}
+
+#[test]
+fn label_values_are_capped() {
+    let m = Metrics::new(200);
+    for i in 0..1000 {
+        m.score_update(&update(Some(&format!("m{i}")), "r", i % 2 == 0), 1.0);
+    }
+    let text = m.render();
+    let models: HashSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with(SCORE_UPDATES))
+        .filter_map(|l| l.split("model_id=\"").nth(1))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    // 1 000 distinct model ids: 200 kept, the rest become "other".
+    assert_eq!(models.len(), 201, "{}", models.len());
+    assert!(models.contains("other"));
+    assert!(text.contains("jurystream_build_info{version="));
+    assert!(text.contains("jurystream_votes_rejected_total{reason=\"late\"} 0"));
+    // The 800 capped updates all count under "other".
+    assert!(
+        text.contains(
+            "jurystream_score_updates_total{model_id=\"other\",voter_prompt_id=\"r\"} 800"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn missing_model_is_unknown_and_values_are_escaped() {
+    let m = Metrics::new(200);
+    m.score_update(&update(None, "r", false), 1.0);
+    m.score_update(&update(Some("a\"b\\c\nd"), "r", false), 1.0);
+    let text = m.render();
+    assert!(
+        text.contains("{model_id=\"unknown\",voter_prompt_id=\"r\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("model_id=\"a\\\"b\\\\c\\nd\""), "{text}");
+}
+
+/// A sample line of the text format: name, labels, value.
+fn sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
+    let (series, value) = line.rsplit_once(' ').expect("name and value");
+    let value: f64 = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().unwrap_or_else(|_| panic!("value of {line:?}")),
+    };
+    let (name, labels) = match series.split_once('{') {
+        None => (series, BTreeMap::new()),
+        Some((name, rest)) => {
+            let rest = rest.strip_suffix('}').expect("closing brace");
+            let mut labels = BTreeMap::new();
+            // Values here hold no `",` (the test data has none).
+            for kv in rest.split("\",").filter(|s| !s.is_empty()) {
+                let (k, v) = kv.split_once("=\"").expect("label=\"value\"");
+                labels.insert(k.to_owned(), v.trim_end_matches('"').to_owned());
+            }
+            (name, labels)
+        }
+    };
+    let ok = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    assert!(!name.is_empty() && name.chars().all(ok), "name in {line:?}");
+    (name.to_owned(), labels, value)
+}
+
+/// Every SPEC §8 metric: name, type, labels (besides `le`).
+const SPEC: &[(&str, MetricType, &[&str])] = &[
+    (VOTES_ACCEPTED, MetricType::COUNTER, &[]),
+    (VOTES_DUPLICATE, MetricType::COUNTER, &[]),
+    (VOTES_SUPERSEDED, MetricType::COUNTER, &[]),
+    (VOTES_REJECTED, MetricType::COUNTER, &[REASON]),
+    (ABSTENTIONS, MetricType::COUNTER, &[]),
+    (
+        SCORE_UPDATES,
+        MetricType::COUNTER,
+        &[MODEL_ID, VOTER_PROMPT_ID],
+    ),
+    (
+        AMBIGUITY_FLAGS,
+        MetricType::COUNTER,
+        &[MODEL_ID, VOTER_PROMPT_ID],
+    ),
+    (
+        FRESHNESS,
+        MetricType::HISTOGRAM,
+        &[MODEL_ID, VOTER_PROMPT_ID],
+    ),
+    (SCORE, MetricType::HISTOGRAM, &[MODEL_ID, VOTER_PROMPT_ID]),
+    (
+        LAST_FRESHNESS,
+        MetricType::GAUGE,
+        &[MODEL_ID, VOTER_PROMPT_ID],
+    ),
+    (
+        LAST_SCORE_UPDATE,
+        MetricType::GAUGE,
+        &[MODEL_ID, VOTER_PROMPT_ID],
+    ),
+    (BATCH_VOTES, MetricType::HISTOGRAM, &[]),
+    (BATCH_VARIANCE, MetricType::HISTOGRAM, &[]),
+    (OPEN_BATCHES, MetricType::GAUGE, &[]),
+    (WATERMARK, MetricType::GAUGE, &[PARTITION]),
+    (CONSUMER_LAG, MetricType::GAUGE, &[TOPIC, PARTITION]),
+    (COMMIT_DURATION, MetricType::HISTOGRAM, &[]),
+    (RESTORE_DURATION, MetricType::HISTOGRAM, &[]),
+    (BUILD_INFO, MetricType::GAUGE, &[VERSION]),
+];
+
+fn type_name(t: MetricType) -> &'static str {
+    match t {
+        MetricType::COUNTER => "counter",
+        MetricType::GAUGE => "gauge",
+        MetricType::HISTOGRAM => "histogram",
+        _ => unreachable!(),
+    }
+}
+
+/// The registry's families and the rendered text both hold every SPEC §8
+/// metric with its type, labels, help and buckets; every sample line parses.
+#[test]
+fn exposition_has_every_spec_metric() {
+    let m = Metrics::new(200);
+    m.score_update(&update(Some("gpt"), "accuracy", true), 1.0);
+    m.engine_counters(
+        "votes-0",
+        &Counters {
+            accepted: 3,
+            abstentions: 1,
+            ..Default::default()
+        },
+        2,
+        Some(1_700_000_000_000_000_000),
+    );
+    m.engine_counters("votes-1", &Counters::default(), 3, Some(0));
+    m.consumer_lag("votes", 0, 7);
+    m.commit_duration(0.02);
+    m.restore_duration(1.5);
+    m.rejected(crate::input::Reason::Late);
+
+    let families = m.gather();
+    let by_name: BTreeMap<&str, _> = families.iter().map(|f| (f.name(), f)).collect();
+    assert_eq!(by_name.len(), SPEC.len(), "{:?}", by_name.keys());
+    for (name, kind, labels) in SPEC {
+        let f = by_name
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing"));
+        assert_eq!(f.get_field_type(), *kind, "{name}");
+        assert!(!f.help().is_empty(), "{name} has no help");
+        for metric in f.get_metric() {
+            let got: BTreeSet<&str> = metric.get_label().iter().map(|l| l.name()).collect();
+            let want: BTreeSet<&str> = labels.iter().copied().collect();
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    let text = m.render();
+    let mut types = BTreeMap::new();
+    let mut helps = BTreeMap::new();
+    let mut samples: BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>> = BTreeMap::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (n, t) = rest.split_once(' ').unwrap();
+            assert!(
+                types.insert(n.to_owned(), t.to_owned()).is_none(),
+                "{n} twice"
+            );
+        } else if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (n, h) = rest.split_once(' ').unwrap();
+            helps.insert(n.to_owned(), h.to_owned());
+        } else {
+            assert!(!line.starts_with('#') && !line.is_empty(), "{line:?}");
+            let (n, labels, v) = sample(line);
+            samples.entry(n).or_default().push((labels, v));
+        }
+    }
+    for (name, kind, labels) in SPEC {
+        assert_eq!(
+            types.get(*name).map(String::as_str),
+            Some(type_name(*kind)),
+            "{name}"
+        );
+        assert!(helps.contains_key(*name), "{name}");
+        let want: BTreeSet<&str> = labels.iter().copied().collect();
+        let series: Vec<&str> = match kind {
+            MetricType::HISTOGRAM => vec!["_bucket", "_sum", "_count"],
+            _ => vec![""],
+        };
+        for suffix in series {
+            let full = format!("{name}{suffix}");
+            let s = samples
+                .get(&full)
+                .unwrap_or_else(|| panic!("no {full} sample"));
+            for (l, _) in s {
+                let got: BTreeSet<&str> = l
+                    .keys()
+                    .map(String::as_str)
+                    .filter(|k| *k != "le")
+                    .collect();
+                assert_eq!(got, want, "{full}");
+            }
+        }
+    }
+    // Every sample belongs to a declared family.
+    for n in samples.keys() {
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| {
+                n.strip_suffix(s)
+                    .filter(|b| types.get(*b).map(String::as_str) == Some("histogram"))
+            })
+            .unwrap_or(n);
+        assert!(types.contains_key(base), "{n} undeclared");
+    }
+
+    // HELP texts and buckets as before.
+    assert_eq!(
+        helps[VOTES_REJECTED],
+        "Messages sent to the DLQ, by reason."
+    );
+    assert_eq!(helps[FRESHNESS], "Freshness (1 - alpha) of score updates.");
+    assert_eq!(
+        helps[CONSUMER_LAG],
+        "Messages behind the end of each input partition (librdkafka statistics)."
+    );
+    let les = |name: &str| -> Vec<String> {
+        samples[&format!("{name}_bucket")]
+            .iter()
+            .map(|(l, _)| l["le"].clone())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    let expect = |b: &[f64]| -> Vec<String> {
+        let mut v: Vec<String> = b.iter().map(|x| x.to_string()).collect();
+        v.push("+Inf".into());
+        v.sort();
+        v
+    };
+    assert_eq!(les(FRESHNESS), expect(FRESHNESS_BUCKETS));
+    assert_eq!(les(SCORE), expect(SCORE_BUCKETS));
+    assert_eq!(les(BATCH_VOTES), expect(BATCH_VOTE_BUCKETS));
+    assert_eq!(les(BATCH_VARIANCE), expect(VARIANCE_BUCKETS));
+    assert_eq!(les(COMMIT_DURATION), expect(SECONDS_BUCKETS));
+
+    // Every rejection reason from the start; values as fed.
+    let reasons: BTreeSet<&str> = samples[VOTES_REJECTED]
+        .iter()
+        .map(|(l, _)| l["reason"].as_str())
+        .collect();
+    let all: BTreeSet<&str> = crate::input::Reason::ALL
+        .iter()
+        .map(|r| r.as_str())
+        .collect();
+    assert_eq!(reasons, all);
+    assert_eq!(samples[VOTES_ACCEPTED][0].1, 3.0);
+    assert_eq!(samples[ABSTENTIONS][0].1, 1.0);
+    assert_eq!(samples[OPEN_BATCHES][0].1, 5.0, "sum over partitions");
+    assert_eq!(samples[BUILD_INFO][0].1, 1.0);
+    assert_eq!(
+        samples[BUILD_INFO][0].0["version"],
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(samples[WATERMARK].len(), 2);
+
+    // A revoked partition's gauges go; its counts stay.
+    m.forget_partition("votes-0");
+    m.forget_lag("votes", 0);
+    let text = m.render();
+    assert!(!text.contains("partition=\"votes-0\""), "{text}");
+    assert!(text.contains("partition=\"votes-1\""), "{text}");
+    assert!(!text.contains(CONSUMER_LAG), "{text}");
+    assert!(text.contains("jurystream_open_batches 3\n"), "{text}");
+    assert!(
+        text.contains("jurystream_votes_accepted_total 3\n"),
+        "{text}"
+    );
+}
+
+#[test]
+fn engine_counters_fold_deltas() {
+    let m = Metrics::new(10);
+    let mut c = Counters {
+        accepted: 5,
+        ..Default::default()
+    };
+    m.engine_counters("p", &c, 0, None);
+    c.accepted = 7;
+    m.engine_counters("p", &c, 0, None);
+    m.engine_counters("q", &c, 0, None);
+    assert!(m.render().contains("jurystream_votes_accepted_total 14\n"));
+}
