@@ -80,6 +80,9 @@ fn missing_model_is_unknown_and_values_are_escaped() {
     assert!(text.contains("model_id=\"a\\\"b\\\\c\\nd\""), "{text}");
 }
 
+/// One sample's labels and value.
+type Sample = (BTreeMap<String, String>, f64);
+
 /// A sample line of the text format: name, labels, value.
 fn sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
     let (series, value) = line.rsplit_once(' ').expect("name and value");
@@ -199,7 +202,7 @@ fn exposition_has_every_spec_metric() {
     let text = m.render();
     let mut types = BTreeMap::new();
     let mut helps = BTreeMap::new();
-    let mut samples: BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>> = BTreeMap::new();
+    let mut samples: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
     for line in text.lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             let (n, t) = rest.split_once(' ').unwrap();
