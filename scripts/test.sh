@@ -19,5 +19,6 @@ BIN="${CARGO_TARGET_DIR:-target}/debug/jurystream"
 if [ -x ../shared/conformance/check.sh ]; then
     ../shared/conformance/check.sh "$BIN"
 else
-    echo "conformance kit not found at ../shared/conformance: skipped"
+    echo "conformance kit not found at ../shared/conformance/check.sh" >&2
+    exit 1
 fi
