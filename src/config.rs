@@ -19,9 +19,9 @@ use choice::{one_of, some_one_of};
 pub use choice::{Delivery, LogFormat};
 
 use crate::engine::score::{Aggregator, TimeUnit};
-use crate::time::NANOS_PER_SEC;
 use crate::engine::{EngineConfig, RubricParams};
 use crate::input::DecodeOptions;
+use crate::time::NANOS_PER_SEC;
 
 /// The defaults, compiled in so that the binary needs no file to start.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");

@@ -23,18 +23,24 @@ use crate::state::encode_value;
 
 /// A delivery mode.
 pub trait Protocol: Send + Sync {
-    /// Opens a cycle, before its first record.
-    fn begin(&self, s: &Session) -> Result<()>;
-    /// Whether the cycle's events wait in an outbox (published after the
-    /// changelog holds them) instead of being sent as they are emitted.
-    fn holds_events(&self) -> bool;
     /// Commits the open cycle in this mode's order. On error the caller
     /// aborts the cycle and rebuilds the session.
     fn commit(&self, s: &mut Session, consumer: &Consumer) -> Result<()>;
+    /// Opens a cycle, before its first record.
+    fn begin(&self, _: &Session) -> Result<()> {
+        Ok(())
+    }
+    /// Whether the cycle's events wait in an outbox (published after the
+    /// changelog holds them) instead of being sent as they are emitted.
+    fn holds_events(&self) -> bool {
+        false
+    }
     /// Drops the open cycle.
-    fn abort(&self, s: &Session);
+    fn abort(&self, _: &Session) {}
     /// Before partitions are handed over, and at shutdown.
-    fn hand_over(&self, s: &mut Session) -> Result<()>;
+    fn hand_over(&self, _: &mut Session) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The protocol of a delivery mode.
@@ -55,10 +61,6 @@ impl Protocol for Transactional {
         s.producer
             .begin_transaction()
             .map_err(|e| ServiceError::kafka_txn("begin transaction", e))
-    }
-
-    fn holds_events(&self) -> bool {
-        false
     }
 
     fn commit(&self, s: &mut Session, consumer: &Consumer) -> Result<()> {
@@ -95,10 +97,6 @@ impl Protocol for Transactional {
             tracing::error!("abort transaction failed: {e}");
         }
     }
-
-    fn hand_over(&self, _: &mut Session) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// `exactly_once_outbox`: the changelog first (state, the cycle's events as
@@ -108,10 +106,6 @@ impl Protocol for Transactional {
 pub struct Outbox;
 
 impl Protocol for Outbox {
-    fn begin(&self, _: &Session) -> Result<()> {
-        Ok(())
-    }
-
     fn holds_events(&self) -> bool {
         true
     }
@@ -132,8 +126,6 @@ impl Protocol for Outbox {
         Ok(())
     }
 
-    fn abort(&self, _: &Session) {}
-
     /// Marks each partition's last cycle delivered, so the next owner need
     /// not check the output topics.
     fn hand_over(&self, s: &mut Session) -> Result<()> {
@@ -152,14 +144,6 @@ impl Protocol for Outbox {
 pub struct AtLeastOnce;
 
 impl Protocol for AtLeastOnce {
-    fn begin(&self, _: &Session) -> Result<()> {
-        Ok(())
-    }
-
-    fn holds_events(&self) -> bool {
-        false
-    }
-
     fn commit(&self, s: &mut Session, consumer: &Consumer) -> Result<()> {
         let t = Phases::start();
         s.flush_acked("flush events")?;
@@ -172,12 +156,6 @@ impl Protocol for AtLeastOnce {
         let t = t.next("store_ms");
         s.commit_group_offsets(consumer)?;
         t.next("offsets_ms").log();
-        Ok(())
-    }
-
-    fn abort(&self, _: &Session) {}
-
-    fn hand_over(&self, _: &mut Session) -> Result<()> {
         Ok(())
     }
 }
