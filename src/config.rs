@@ -44,6 +44,8 @@ pub const MAX_TOPIC_PARTITIONS: i64 = 100_000;
 pub const MAX_REPLICATION_FACTOR: i64 = i16::MAX as i64;
 /// Upper bound of `batching.max_votes` and `ambiguity.min_votes`.
 pub const MAX_VOTES: i64 = u32::MAX as i64;
+/// `state.cache_mb` at most 1 TiB.
+pub const MAX_CACHE_MB: i64 = 1 << 20;
 
 /// A configuration problem: exit status 2 at start.
 #[derive(Debug, Clone, PartialEq)]
@@ -176,6 +178,9 @@ pub struct Kafka {
 pub struct State {
     pub dir: String,
     pub cleanup_grace_seconds: f64,
+    /// Memory for cached series and vote identities, in MiB (0: only what
+    /// open batches need).
+    pub cache_mb: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -297,6 +302,11 @@ impl Config {
         self.engine.clone()
     }
 
+    /// `state.cache_mb` in bytes.
+    pub fn cache_bytes(&self) -> usize {
+        (self.state.cache_mb as usize) << 20
+    }
+
     pub fn decode_options(&self) -> DecodeOptions {
         DecodeOptions {
             max_message_bytes: self.input.max_message_bytes as usize,
@@ -399,6 +409,7 @@ impl Sections {
             "state.cleanup_grace_seconds",
             self.state.cleanup_grace_seconds,
         )?;
+        in_range("state.cache_mb", self.state.cache_mb, 0, MAX_CACHE_MB)?;
         for (k, v) in [
             ("outputs.scores_topic", &self.outputs.scores_topic),
             ("outputs.flags_topic", &self.outputs.flags_topic),

@@ -7,15 +7,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use crate::config::Config;
-use crate::engine::{Engine, Outcome, ScoreUpdate};
+use crate::engine::{Engine, Outcome, ScoreUpdate, Wants};
 use crate::input::{decode_vote, dlq_payload, DecodeOptions, Rejection, Vote};
 use crate::output::{processed_at, score_update_events, vote_rejected_json, Source};
 use crate::state::Store;
 use crate::time::wall_clock;
 
-/// How many lines between two drains of the engine's change log when the
-/// state is temporary (nothing to persist, but the log must not grow).
-const DRAIN_EVERY: u64 = 200_000;
+/// Pending changes (series, batches, identities) that trigger a write to
+/// the state store even when the cache is within its budget, so that the
+/// engine's change log stays bounded too.
+const WRITE_EVERY_CHANGES: usize = 200_000;
 
 /// Options of one replay run.
 pub struct ReplayOptions<'a> {
@@ -36,8 +37,6 @@ pub struct ReplaySummary {
 
 /// Writes events as JSON lines, refreshing `processed_at` now and then.
 struct EventWriter<W: Write> {
-    /// Whether the engine's changes will be persisted (a --state-dir).
-    keep_changes: bool,
     metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
     out: W,
     stamp: String,
@@ -48,7 +47,6 @@ struct EventWriter<W: Write> {
 impl<W: Write> EventWriter<W> {
     fn new(out: W, metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>) -> Self {
         EventWriter {
-            keep_changes: true,
             metrics,
             out,
             stamp: processed_at(wall_clock()),
@@ -159,15 +157,19 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
         }
     };
     let store = Store::open(&dir)?;
-    let (mut engine, stats) = store.load(cfg.engine(), |_| {})?;
-    if opts.state_dir.is_some() && stats.series + stats.batches > 0 {
+    let (mut engine, stats) = store.load(cfg.engine())?;
+    if opts.state_dir.is_some() && !engine.is_complete() {
         tracing::info!(
-            series = stats.series,
             open_batches = stats.batches,
-            dedupe = stats.dedupe,
-            "restored partition state from {}",
+            series = stats.series,
+            watermark = ?engine.watermark().map(crate::time::format_timestamp),
+            "continuing the partition state in {}",
             dir.display()
         );
+    }
+    let persist = opts.state_dir.is_some();
+    if persist {
+        store.begin_bulk()?;
     }
     let decode = cfg.decode_options();
     if let Some(m) = &opts.metrics {
@@ -177,11 +179,16 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
         std::io::BufWriter::with_capacity(1 << 20, out),
         opts.metrics.clone(),
     );
-    w.keep_changes = opts.state_dir.is_some();
+    let mut shell = Shell {
+        engine: &mut engine,
+        store: &store,
+        budget: cfg.cache_bytes(),
+        persist,
+    };
     let summary = process_lines(
         BufReader::with_capacity(1 << 20, file),
         &decode,
-        &mut engine,
+        &mut shell,
         &mut w,
         total_bytes,
     )?;
@@ -190,11 +197,13 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
         engine.close_all(&mut updates);
         w.updates(&mut updates)?;
     }
-    // The state is written once, at the end, in bounded batches (a replay
-    // that fails is re-run from the start of its file). A temporary state
-    // directory is deleted at exit, so it is not written at all.
-    if opts.state_dir.is_some() {
-        store.write_all_changes(&mut engine)?;
+    // Written in bounded batches whenever the cache fills, and the rest at
+    // the end (a replay that fails is re-run from the start of its file:
+    // until then the directory is marked incomplete). A temporary state is
+    // written only to make room in the cache.
+    if persist {
+        store.write_bulk(&mut engine, true)?;
+        store.finish_bulk()?;
     }
     if let Some(m) = &w.metrics {
         m.observe_engine("0", &engine);
@@ -274,23 +283,62 @@ fn read_chunks<R: Read>(
     }
 }
 
+/// The engine and its state store: loads what a chunk needs before it, and
+/// writes and evicts after it when the cache is over its budget.
+struct Shell<'a> {
+    engine: &'a mut Engine,
+    store: &'a Store,
+    budget: usize,
+    /// A --state-dir (identities past the retention are swept from it).
+    persist: bool,
+}
+
+impl Shell<'_> {
+    fn load(&mut self, chunk: &Chunk, wants: &mut Vec<Wants>) -> Result<()> {
+        if self.engine.is_complete() {
+            return Ok(());
+        }
+        wants.clear();
+        let none = Wants::default();
+        for vote in chunk.decoded.iter().flatten() {
+            let w = self.engine.wants(vote);
+            if w != none {
+                wants.push(w);
+            }
+        }
+        self.store.provide(self.engine, wants)?;
+        Ok(())
+    }
+
+    fn make_room(&mut self) -> Result<()> {
+        if self.engine.cache_bytes() > self.budget
+            || self.engine.pending_changes() > WRITE_EVERY_CHANGES
+        {
+            self.store.write_bulk(self.engine, self.persist)?;
+            self.engine.evict(self.budget);
+        }
+        Ok(())
+    }
+}
+
 fn process_lines<R: Read + Send, W: Write>(
     reader: BufReader<R>,
     decode: &DecodeOptions,
-    engine: &mut Engine,
+    shell: &mut Shell<'_>,
     w: &mut EventWriter<W>,
     total_bytes: u64,
 ) -> Result<ReplaySummary> {
-    let keep_changes = w.keep_changes;
     let mut summary = ReplaySummary::default();
     let mut updates = Vec::new();
+    let mut wants = Vec::new();
     let mut progress = Progress::new(total_bytes);
-    let mut since_persist = 0u64;
     std::thread::scope(|scope| -> Result<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
         scope.spawn(move || read_chunks(reader, decode, tx));
         for chunk in rx {
             let chunk = chunk.context("cannot read input")?;
+            shell.load(&chunk, &mut wants)?;
+            let engine = &mut *shell.engine;
             for (&(a, b, line_no), decoded) in chunk.lines.iter().zip(chunk.decoded) {
                 let line = &chunk.buf[a..b];
                 summary.lines = line_no;
@@ -309,15 +357,11 @@ fn process_lines<R: Read + Send, W: Write>(
                     },
                 }
             }
-            since_persist += chunk.lines.len() as u64;
-            if !keep_changes && since_persist >= DRAIN_EVERY {
-                since_persist = 0;
-                engine.drain_changes(|_| {});
-            }
             progress.update(summary.lines, chunk.bytes, engine.counters.accepted);
             if let Some(m) = &w.metrics {
                 m.observe_engine("0", engine);
             }
+            shell.make_room()?;
         }
         Ok(())
     })?;

@@ -17,24 +17,42 @@ fn shared_conformance_kit_passes() {
             "the shared kit lives in ../shared/conformance, next to this repository",
         );
     }
-    let out = Command::new("bash")
-        .arg(&kit)
-        .arg(env!("CARGO_BIN_EXE_jurystream"))
-        .output()
-        .expect("cannot run check.sh");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "conformance kit failed (exit {:?}):\n{stdout}\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        stdout
-            .lines()
-            .last()
-            .is_some_and(|l| l.ends_with(" 0 failed")),
-        "unexpected summary:\n{stdout}"
-    );
+    // Once with the default cache and once with none (state.cache_mb = 0).
+    // The kit removes JURYSTREAM_* variables, so the second run goes
+    // through a wrapper that sets it.
+    let work = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_jurystream");
+    let wrapper = work.path().join("jurystream-cache0");
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nJURYSTREAM_STATE__CACHE_MB=0 exec '{bin}' \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    for (mb, program) in [("64 (default)", Path::new(bin)), ("0", wrapper.as_path())] {
+        let out = Command::new("bash")
+            .arg(&kit)
+            .arg(program)
+            .output()
+            .expect("cannot run check.sh");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        println!("state.cache_mb {mb}:\n{stdout}");
+        assert!(
+            out.status.success(),
+            "conformance kit failed with state.cache_mb {mb} (exit {:?}):\n{stdout}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout
+                .lines()
+                .last()
+                .is_some_and(|l| l.ends_with(" 0 failed")),
+            "unexpected summary:\n{stdout}"
+        );
+    }
 }

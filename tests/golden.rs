@@ -27,7 +27,14 @@ fn golden_dir() -> PathBuf {
 }
 
 fn run_case(name: &str) {
+    for mb in CACHE_SIZES {
+        with_cache_mb(mb, || run_case_with(name, mb));
+    }
+}
+
+fn run_case_with(name: &str, cache_mb: Option<u32>) {
     let dir = golden_dir().join(name);
+    let name = &format!("{name} (state.cache_mb {cache_mb:?})");
     let config = dir.join("config.toml");
     let input = dir.join("input.jsonl");
     let expected_path = dir.join("expected.jsonl");

@@ -8,16 +8,20 @@
 //!   distinct timestamps) changes no event;
 //! - redelivering any accepted vote, any number of times, changes nothing;
 //! - splitting a replay after any line (the first part `--keep-open`, both
-//!   through one `--state-dir`) changes nothing (through the binary).
+//!   through one `--state-dir`) changes nothing (through the binary), with
+//!   the default cache and with `state.cache_mb = 0`;
+//! - a replay through the RocksDB state store with any cache size, write
+//!   cycle and restarts gives the same answers as one in memory.
 //!
-//! The first three run the library API (`Config::from_layers`,
-//! `decode_vote`, `Engine`); case counts stay small for debug builds.
+//! All but the split run the library API (`Config::from_layers`,
+//! `decode_vote`, `Engine`, `Store`); case counts stay small for debug builds.
 
 mod common;
 
 use jurystream::config::Config;
 use jurystream::engine::{Engine, Outcome, ScoreUpdate};
 use jurystream::input::{decode_vote, DecodeOptions, Reason};
+use jurystream::state::Store;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -34,6 +38,7 @@ struct Cfg {
     initial_score: f64,
     min_votes: u32,
     threshold: f64,
+    retention: &'static str,
 }
 
 impl Cfg {
@@ -43,6 +48,7 @@ impl Cfg {
              [scoring]\naggregator = \"{}\"\ntemperature = {:?}\nlambda = {:?}\n\
              time_unit = \"{}\"\ninitial_score = {:?}\n\
              [ambiguity]\nmin_votes = {}\nvariance_threshold = {:?}\n\
+             [dedupe]\nretention_seconds = {}\n\
              [rubrics.b]\naggregator = \"power_mean\"\ntemperature = 0.1\n",
             self.window,
             self.grace,
@@ -53,7 +59,8 @@ impl Cfg {
             self.time_unit,
             self.initial_score,
             self.min_votes,
-            self.threshold
+            self.threshold,
+            self.retention
         )
     }
 }
@@ -68,11 +75,24 @@ fn any_cfg() -> impl Strategy<Value = Cfg> {
         0.0f64..0.1,
         prop::sample::select(vec!["seconds", "minutes", "hours", "days"]),
         0.0f64..=1.0,
-        1u32..4,
-        0.0f64..0.3,
+        (
+            1u32..4,
+            0.0f64..0.3,
+            prop::sample::select(vec!["2592000", "90", "20"]),
+        ),
     )
         .prop_map(
-            |(window, grace, max_votes, aggregator, temperature, lambda, time_unit, s0, mv, th)| {
+            |(
+                window,
+                grace,
+                max_votes,
+                aggregator,
+                temperature,
+                lambda,
+                time_unit,
+                s0,
+                (mv, th, retention),
+            )| {
                 Cfg {
                     window,
                     grace,
@@ -84,6 +104,7 @@ fn any_cfg() -> impl Strategy<Value = Cfg> {
                     initial_score: s0,
                     min_votes: mv,
                     threshold: th,
+                    retention,
                 }
             },
         )
@@ -229,6 +250,8 @@ proptest! {
         lines in prop::collection::vec(any_line(), 1..50),
         picks in prop::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 1..20),
     ) {
+        // Within the retention (a copy after it is a new vote, SPEC §4).
+        let cfg = Cfg { retention: "2592000", ..cfg };
         let (want, outcomes) = run(&cfg, &lines);
         // Lines whose vote was accepted (or already a duplicate).
         let redeliverable: Vec<usize> = outcomes
@@ -328,10 +351,86 @@ proptest! {
             initial_score: 0.5,
             min_votes: 2,
             threshold: 0.05,
+            retention: "2592000",
         };
         let (want, _) = run(&cfg, &lines);
         let (got, _) = run(&cfg, &shuffled);
         prop_assert!(want.iter().all(|e| matches!(e, Ev::Update(_))));
+        prop_assert_eq!(got, want);
+    }
+}
+
+/// [`run`] through the RocksDB state store as the shells use it: each
+/// vote's series and identity loaded from the store when the cache lacks
+/// them, the changes written (with the retention sweep) and the cache
+/// evicted down to `budget` bytes every `cycle` lines, and the engine
+/// rebuilt from the store (open batches only) before each line in `restarts`.
+fn run_stored(
+    cfg: &Cfg,
+    lines: &[String],
+    budget: usize,
+    cycle: usize,
+    restarts: &[usize],
+) -> (Vec<Ev>, Vec<Option<Outcome>>) {
+    let c = Config::from_layers(Some(&cfg.toml()), &[]).expect("generated config is valid");
+    let opts = c.decode_options();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let (mut engine, _) = store.load(c.engine()).unwrap();
+    let mut evs = Vec::new();
+    let mut outcomes = Vec::new();
+    let mut updates = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if restarts.contains(&i) {
+            store.write_bulk(&mut engine, true).unwrap();
+            engine = store.load(c.engine()).unwrap().0;
+        }
+        if l.trim().is_empty() {
+            outcomes.push(None);
+        } else {
+            match decode_vote(l.as_bytes(), &opts) {
+                Err(r) => {
+                    evs.push(Ev::Rejected(r.reason));
+                    outcomes.push(None);
+                }
+                Ok(v) => {
+                    let wants = engine.wants(&v);
+                    store.provide(&mut engine, &[wants]).unwrap();
+                    let o = engine.process(&v, &mut updates);
+                    if let Outcome::Late(r) = &o {
+                        evs.push(Ev::Rejected(r.reason));
+                    }
+                    evs.extend(updates.drain(..).map(Ev::Update));
+                    outcomes.push(Some(o));
+                }
+            }
+        }
+        if (i + 1) % cycle == 0 {
+            store.write_bulk(&mut engine, true).unwrap();
+            engine.evict(budget);
+        }
+    }
+    engine.close_all(&mut updates);
+    evs.extend(updates.drain(..).map(Ev::Update));
+    (evs, outcomes)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Cache sizes, write cycles and restarts from the store change no
+    /// answer (issue 11: outputs never depend on the cache).
+    #[test]
+    fn the_cache_size_and_restarts_change_nothing(
+        cfg in any_cfg(),
+        lines in prop::collection::vec(any_line(), 1..60),
+        budget in prop_oneof![Just(0usize), 0usize..4096, Just(usize::MAX)],
+        cycle in 1usize..8,
+        restarts in prop::collection::vec(0usize..60, 0..4),
+    ) {
+        let (want, want_o) = run(&cfg, &lines);
+        let (got, got_o) = run_stored(&cfg, &lines, budget, cycle, &restarts);
+        prop_assert_eq!(got_o, want_o);
         prop_assert_eq!(got, want);
     }
 }
@@ -355,7 +454,11 @@ proptest! {
         let whole = common::replay(Some(&config), &input, None, false);
         let physical = common::physical_lines(text.as_bytes());
         let k = cut.index(physical.len() + 1);
-        let r = common::check_split(Some(&config), &physical, k, &whole, work.path());
-        prop_assert!(r.is_ok(), "{}", r.unwrap_err());
+        for mb in common::CACHE_SIZES {
+            let r = common::with_cache_mb(mb, || {
+                common::check_split(Some(&config), &physical, k, &whole, work.path())
+            });
+            prop_assert!(r.is_ok(), "state.cache_mb {:?}: {}", mb, r.unwrap_err());
+        }
     }
 }

@@ -5,7 +5,10 @@
 //! Kafka or tokio. The shells (`replay`, `service`) feed votes in, take the
 //! events out, and persist what [`Engine::drain_changes`] reports.
 
+mod cache;
 mod identity;
+
+pub use cache::Wants;
 pub mod score;
 
 pub use identity::{derived_vote_id, vote_identity};
@@ -13,12 +16,13 @@ pub use identity::{derived_vote_id, vote_identity};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::input::{Reason, Rejection, Vote};
 use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
+use cache::{IdentityEntry, SeriesEntry};
 use score::{Aggregator, TimeUnit};
 
 /// The scoring parameters a rubric may override.
@@ -129,7 +133,8 @@ pub struct Batch {
 pub struct Meta {
     pub watermark: Option<Nanos>,
     pub next_batch_seq: u64,
-    /// Dedupe entries older than this (by vote time) were already swept.
+    /// Unused since vote identities expire in the state store (kept so
+    /// that stored `Meta` records keep their layout).
     pub swept_before: Option<Nanos>,
 }
 
@@ -172,7 +177,9 @@ pub struct ScoreUpdate {
 pub enum Change<'a> {
     Series(&'a SeriesKey, &'a SeriesState),
     Batch(&'a BatchKey, Option<&'a Batch>),
-    Dedupe(u128, Option<Nanos>),
+    /// An accepted vote's identity and vote time (identities are forgotten
+    /// by the state store's retention sweep, never by the engine).
+    Dedupe(u128, Nanos),
     Meta(&'a Meta),
 }
 
@@ -189,23 +196,36 @@ pub struct Counters {
 }
 
 /// The state and rules of one input partition.
+///
+/// Series states and vote identities are a bounded cache over the state
+/// store (see `cache.rs`); open batches and the watermark are always in
+/// memory. Before each vote the shell provides what [`Engine::wants`]
+/// names; after persisting [`Engine::drain_changes`] it may call
+/// [`Engine::evict`]. No answer depends on what the cache holds.
 pub struct Engine {
     cfg: EngineConfig,
     meta: Meta,
-    series: FxHashMap<SeriesKey, SeriesState>,
+    series: FxHashMap<SeriesKey, SeriesEntry>,
     batches: BTreeMap<BatchKey, Batch>,
     /// The open batch of each (series, window).
     open: FxHashMap<(SeriesKey, Nanos), u64>,
-    dedupe: FxHashMap<u128, Nanos>,
+    dedupe: FxHashMap<u128, IdentityEntry>,
     dirty_series: Vec<SeriesKey>,
-    dirty_series_set: FxHashSet<SeriesKey>,
     dirty_batches: Vec<BatchKey>,
-    dirty_dedupe: Vec<(u128, Option<Nanos>)>,
+    dirty_dedupe: Vec<u128>,
     meta_dirty: bool,
+    /// Approximate bytes of the cached series and identities.
+    cache_bytes: usize,
+    /// Use counter for least-recently-used eviction.
+    tick: u64,
+    /// The cache holds every series and identity of the partition (a new
+    /// partition before its first eviction): nothing needs loading.
+    complete: bool,
     pub counters: Counters,
 }
 
 impl Engine {
+    /// An engine for a partition with no state yet.
     pub fn new(cfg: EngineConfig) -> Self {
         Engine {
             cfg,
@@ -215,30 +235,40 @@ impl Engine {
             open: FxHashMap::default(),
             dedupe: FxHashMap::default(),
             dirty_series: Vec::new(),
-            dirty_series_set: Default::default(),
             dirty_batches: Vec::new(),
             dirty_dedupe: Vec::new(),
             meta_dirty: false,
+            cache_bytes: 0,
+            tick: 0,
+            complete: true,
             counters: Counters::default(),
         }
     }
 
-    /// Rebuilds an engine from persisted parts (nothing is marked dirty).
+    /// Rebuilds an engine from persisted parts (nothing is marked dirty):
+    /// the partition values, the open batches and the series those batches
+    /// belong to. `complete` says the store holds no other series or
+    /// identity (nothing will need loading).
     pub fn restore(
         cfg: EngineConfig,
         meta: Meta,
         series: impl IntoIterator<Item = (SeriesKey, SeriesState)>,
         batches: impl IntoIterator<Item = (BatchKey, Batch)>,
-        dedupe: impl IntoIterator<Item = (u128, Nanos)>,
+        complete: bool,
     ) -> Self {
         let mut e = Engine::new(cfg);
         e.meta = meta;
-        e.series.extend(series);
+        e.complete = complete;
+        for (k, s) in series {
+            e.provide_series(k, Some(s));
+        }
         for (k, b) in batches {
             e.open.insert((k.series.clone(), k.window_start), k.seq);
+            if let Some(s) = e.series.get_mut(&k.series) {
+                s.pins += 1;
+            }
             e.batches.insert(k, b);
         }
-        e.dedupe.extend(dedupe);
         e
     }
 
@@ -250,17 +280,21 @@ impl Engine {
         self.batches.len()
     }
 
+    /// A cached series state.
     pub fn series(&self, key: &SeriesKey) -> Option<&SeriesState> {
-        self.series.get(key)
+        self.series.get(key).map(|e| &e.state)
     }
 
     /// Steps (2)–(6) of SPEC §2 for a validated vote, then the close step.
     /// Score updates are appended to `out` in emission order.
     pub fn process(&mut self, vote: &Vote, out: &mut Vec<ScoreUpdate>) -> Outcome {
         let wm = self.meta.watermark;
+        self.tick += 1;
         // (2) duplicates, before lateness.
         let identity = vote_identity(vote);
-        if let Some(&seen_at) = self.dedupe.get(&identity) {
+        if let Some(seen) = self.dedupe.get_mut(&identity) {
+            seen.used = self.tick;
+            let seen_at = seen.at;
             if !self.forgotten(seen_at, wm) {
                 self.counters.duplicates += 1;
                 return Outcome::Duplicate;
@@ -282,8 +316,7 @@ impl Engine {
         }
         // (4) accept.
         self.counters.accepted += 1;
-        self.dedupe.insert(identity, vote.timestamp);
-        self.dirty_dedupe.push((identity, Some(vote.timestamp)));
+        self.remember(identity, vote.timestamp);
         let skey = SeriesKey {
             inference_id: vote.inference_id.clone(),
             voter_prompt_id: vote.voter_prompt_id.clone(),
@@ -297,6 +330,9 @@ impl Engine {
                 self.meta.next_batch_seq += 1;
                 self.meta_dirty = true;
                 self.open.insert(open_key.clone(), seq);
+                if let Some(s) = self.series.get_mut(&open_key.0) {
+                    s.pins += 1;
+                }
                 seq
             }
         };
@@ -375,76 +411,16 @@ impl Engine {
         matches!(wm, Some(wm) if wm - seen_at > self.cfg.retention_ns)
     }
 
+    /// Vote time below which a vote identity no longer counts (SPEC §4
+    /// retention): what the state store's sweep may delete.
+    pub fn identity_horizon(&self) -> Option<Nanos> {
+        self.meta.watermark.map(|wm| wm - self.cfg.retention_ns)
+    }
+
     fn advance_to(&mut self, candidate: Nanos) {
         if self.meta.watermark.is_none_or(|wm| candidate > wm) {
             self.meta.watermark = Some(candidate);
             self.meta_dirty = true;
-            self.maybe_sweep(candidate);
-        }
-    }
-
-    /// Drops dedupe identities the watermark has left behind by more than the
-    /// retention. Lookups already ignore them; this only frees memory, in
-    /// steps of 1/16 of the retention so that it stays cheap.
-    fn maybe_sweep(&mut self, wm: Nanos) {
-        let horizon = wm - self.cfg.retention_ns;
-        let step = (self.cfg.retention_ns / 16).max(NANOS_PER_SEC);
-        let due = match self.meta.swept_before {
-            None => true,
-            Some(prev) => horizon - prev >= step,
-        };
-        if !due {
-            return;
-        }
-        self.meta.swept_before = Some(horizon);
-        let before = self.dedupe.len();
-        let dirty = &mut self.dirty_dedupe;
-        self.dedupe.retain(|&id, &mut at| {
-            let keep = wm - at <= self.cfg.retention_ns;
-            if !keep {
-                dirty.push((id, None));
-            }
-            keep
-        });
-        if before != self.dedupe.len() {
-            self.meta_dirty = true;
-        }
-    }
-
-    fn touch_series_model(&mut self, key: &SeriesKey, model_id: Option<&str>) {
-        let initial = self.cfg.initial_score;
-        let changed = match self.series.get_mut(key) {
-            Some(s) => {
-                if s.model_id.is_none() && model_id.is_some() {
-                    s.model_id = model_id.map(Into::into);
-                    true
-                } else {
-                    false
-                }
-            }
-            None => {
-                self.series.insert(
-                    key.clone(),
-                    SeriesState {
-                        model_id: model_id.map(Into::into),
-                        score: initial,
-                        last_vote_at: None,
-                        update_seq: 0,
-                        abstentions: 0,
-                        votes: 0,
-                    },
-                );
-                true
-            }
-        };
-        if changed {
-            self.mark_series(key);
-        }
-    }
-
-    fn mark_series(&mut self, key: &SeriesKey) {
-        if self.dirty_series_set.insert(key.clone()) {
-            self.dirty_series.push(key.clone());
         }
     }
 
@@ -496,9 +472,12 @@ impl Engine {
         counted.sort_by_key(|e| e.timestamp);
         self.counters.abstentions += u64::from(abstentions);
         let cfg = &self.cfg;
-        let Some(state) = self.series.get_mut(&key.series) else {
+        // An open batch pins its series in the cache, so it is here.
+        let Some(entry) = self.series.get_mut(&key.series) else {
             return;
         };
+        entry.pins = entry.pins.saturating_sub(1);
+        let state = &mut entry.state;
         state.abstentions += u64::from(abstentions);
         if counted.is_empty() {
             self.mark_series(&key.series.clone());
@@ -579,11 +558,11 @@ impl Engine {
     /// is safe to apply as one atomic write.
     pub fn drain_changes(&mut self, mut sink: impl FnMut(Change<'_>)) {
         for k in self.dirty_series.drain(..) {
-            if let Some(s) = self.series.get(&k) {
-                sink(Change::Series(&k, s));
+            if let Some(e) = self.series.get_mut(&k) {
+                e.dirty = false;
+                sink(Change::Series(&k, &e.state));
             }
         }
-        self.dirty_series_set.clear();
         for k in self.dirty_batches.drain(..) {
             match self.batches.get_mut(&k) {
                 Some(b) => {
@@ -593,8 +572,11 @@ impl Engine {
                 None => sink(Change::Batch(&k, None)),
             }
         }
-        for (id, at) in self.dirty_dedupe.drain(..) {
-            sink(Change::Dedupe(id, at));
+        for id in self.dirty_dedupe.drain(..) {
+            if let Some(e) = self.dedupe.get_mut(&id) {
+                e.dirty = false;
+                sink(Change::Dedupe(id, e.at));
+            }
         }
         if std::mem::take(&mut self.meta_dirty) {
             sink(Change::Meta(&self.meta));

@@ -206,6 +206,55 @@ fn retention_forgets_old_identities() {
     assert_eq!(o, vec![Outcome::Accepted]);
 }
 
+/// A model of the state store: the records the engine's changes make.
+#[derive(Default)]
+struct Model {
+    meta: Meta,
+    series: HashMap<SeriesKey, SeriesState>,
+    batches: BTreeMap<BatchKey, Batch>,
+    dedupe: HashMap<u128, Nanos>,
+}
+
+impl Model {
+    fn persist(&mut self, e: &mut Engine) {
+        e.drain_changes(|c| match c {
+            Change::Series(k, s) => {
+                self.series.insert(k.clone(), s.clone());
+            }
+            Change::Batch(k, Some(b)) => {
+                self.batches.insert(k.clone(), b.clone());
+            }
+            Change::Batch(k, None) => {
+                self.batches.remove(k);
+            }
+            Change::Dedupe(id, t) => {
+                self.dedupe.insert(id, t);
+            }
+            Change::Meta(m) => self.meta = *m,
+        });
+    }
+
+    fn restore(&self) -> Engine {
+        let series: Vec<_> = self
+            .batches
+            .keys()
+            .map(|k| (k.series.clone(), self.series[&k.series].clone()))
+            .collect();
+        Engine::restore(cfg(), self.meta, series, self.batches.clone(), false)
+    }
+
+    fn load(&self, e: &mut Engine, v: &Vote) {
+        let w = e.wants(v);
+        if let Some(k) = w.series {
+            let s = self.series.get(&k).cloned();
+            e.provide_series(k, s);
+        }
+        if let Some(id) = w.identity {
+            e.provide_identity(id, self.dedupe.get(&id).copied());
+        }
+    }
+}
+
 #[test]
 fn changes_round_trip_through_restore() {
     let mut e = Engine::new(cfg());
@@ -216,32 +265,80 @@ fn changes_round_trip_through_restore() {
             vote("i", "b", Some(0.0), "2024-01-01T00:01:10Z"),
         ],
     );
-    let mut series = Vec::new();
-    let mut batches = BTreeMap::new();
-    let mut dedupe = Vec::new();
-    let mut meta = Meta::default();
-    e.drain_changes(|c| match c {
-        Change::Series(k, s) => series.push((k.clone(), s.clone())),
-        Change::Batch(k, Some(b)) => {
-            batches.insert(k.clone(), b.clone());
-        }
-        Change::Batch(k, None) => {
-            batches.remove(k);
-        }
-        Change::Dedupe(id, Some(t)) => dedupe.push((id, t)),
-        Change::Dedupe(..) => {}
-        Change::Meta(m) => meta = *m,
-    });
-    assert_eq!(batches.len(), 1);
-    let mut r = Engine::restore(cfg(), meta, series, batches, dedupe);
+    let mut m = Model::default();
+    m.persist(&mut e);
+    assert_eq!(m.batches.len(), 1);
+    let mut r = m.restore();
+    assert_eq!(r.cached(), (1, 0), "only the open batch's series is loaded");
     let mut a = Vec::new();
     let mut b = Vec::new();
     let next = vote("i", "c", Some(0.5), "2024-01-01T00:01:20Z");
     e.process(&next, &mut a);
+    m.load(&mut r, &next);
     r.process(&next, &mut b);
     e.close_all(&mut a);
     r.close_all(&mut b);
     assert_eq!(a, b);
     assert_eq!(a.len(), 1);
     assert_eq!(a[0].update_seq, 2);
+}
+
+#[test]
+fn an_empty_cache_gives_the_same_answers_as_a_full_one() {
+    // Duplicates across evictions, series scored again after eviction,
+    // open batches across persists.
+    let votes = [
+        vote("i", "a", Some(1.0), "2024-01-01T00:00:01Z"),
+        vote("j", "a", Some(0.0), "2024-01-01T00:00:02Z"),
+        vote("i", "a", Some(1.0), "2024-01-01T00:00:01Z"),
+        vote("i", "b", Some(0.0), "2024-01-01T00:01:10Z"),
+        vote("j", "b", None, "2024-01-01T00:01:11Z"),
+        vote("i", "a", Some(1.0), "2024-01-01T00:00:01Z"),
+        vote("i", "c", Some(0.5), "2024-01-01T00:03:20Z"),
+        vote("j", "c", Some(0.5), "2024-01-01T00:05:20Z"),
+        vote("j", "b", None, "2024-01-01T00:01:11Z"),
+    ];
+    let mut full = Engine::new(cfg());
+    let (mut want, want_o) = run(&mut full, &votes);
+    full.close_all(&mut want);
+
+    let mut m = Model::default();
+    let mut e = Engine::new(cfg());
+    let mut got = Vec::new();
+    let mut got_o = Vec::new();
+    for (i, v) in votes.iter().enumerate() {
+        m.load(&mut e, v);
+        got_o.push(e.process(v, &mut got));
+        m.persist(&mut e);
+        e.evict(0);
+        assert!(!e.is_complete());
+        if i % 3 == 2 {
+            // A restart now and then: only open batches come back.
+            e = m.restore();
+        }
+    }
+    e.close_all(&mut got);
+    assert_eq!(got_o, want_o);
+    assert_eq!(got, want);
+    assert!(want_o.contains(&Outcome::Duplicate));
+}
+
+#[test]
+fn eviction_keeps_dirty_and_pinned_entries() {
+    let mut e = Engine::new(cfg());
+    run(&mut e, &[vote("i", "a", Some(1.0), "2024-01-01T00:00:01Z")]);
+    assert!(e.cache_bytes() > 0);
+    e.evict(0);
+    assert_eq!(e.cached(), (1, 1), "dirty entries stay");
+    assert!(e.is_complete());
+    e.drain_changes(|_| {});
+    e.evict(0);
+    assert_eq!(e.cached(), (1, 0), "the open batch pins its series");
+    let mut out = Vec::new();
+    e.close_all(&mut out);
+    e.drain_changes(|_| {});
+    e.evict(0);
+    assert_eq!(e.cached(), (0, 0));
+    assert_eq!(e.cache_bytes(), 0);
+    assert!(!e.is_complete());
 }

@@ -293,7 +293,7 @@ mod tests {
         assert_eq!(read_outbox(&store, &marker).unwrap(), events);
         // The engine load ignores markers and outbox chunks.
         let cfg = crate::config::Config::load(None).unwrap().engine();
-        let (_, stats) = store.load(cfg, |_| {}).unwrap();
+        let (_, stats) = store.load(cfg).unwrap();
         assert_eq!(stats.series, 0);
         // A chunk left from an older cycle is never taken for this one.
         let stale = OutboxChunk {

@@ -19,7 +19,7 @@ use super::error::{Result, ServiceError};
 use super::reconcile::origin;
 use super::session::Session;
 use crate::config::Delivery;
-use crate::state::encode_value;
+use crate::state::{encode_value, SWEEP_LIMIT};
 
 /// A delivery mode.
 pub trait Protocol: Send + Sync {
@@ -194,9 +194,16 @@ impl Session {
         let acked = self.producer.context().acked();
         let mut sealed = Vec::new();
         for (tp, part) in self.parts.iter_mut() {
+            let mark = part.pending.len();
             crate::state::encode_changes_into(&mut part.engine, &mut part.pending);
             if !part.dirty && part.pending.is_empty() {
                 continue;
+            }
+            // Identities past the retention, forgotten before this cycle's
+            // changes (so that one accepted again in this cycle stays).
+            if let Some(horizon) = part.engine.identity_horizon() {
+                let swept = part.store.sweep(horizon, SWEEP_LIMIT)?;
+                part.pending.splice(mark..mark, swept);
             }
             let outputs = &self.outputs;
             let (records, marker) =
@@ -226,6 +233,7 @@ impl Session {
     /// The changelog is durable: RocksDB follows, with the position.
     fn apply_to_store(&mut self, sealed: &[Tp]) -> Result<()> {
         let acked = self.producer.context().acked();
+        let budget = self.cfg.cache_bytes() / self.parts.len().max(1);
         for tp in sealed {
             let pos = acked
                 .get(&(self.names.changelog(&tp.0), tp.1))
@@ -236,6 +244,7 @@ impl Session {
             let records = std::mem::take(&mut part.pending);
             let positions: Vec<(&str, i64)> = pos.map(|p| (CHANGELOG_POS, p)).into_iter().collect();
             part.store.apply(&records, &positions)?;
+            part.engine.evict(budget);
             tracing::debug!(topic = %tp.0, partition = tp.1, seq = part.marker.seq,
                 next_offset = part.marker.next_offset, changelog_pos = ?pos,
                 records = records.len(), events = part.out.len(), "cycle written");

@@ -62,15 +62,14 @@ pub fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec
     let caught = catch_up(cfg, names, &stores)?;
     let mut out = Vec::new();
     for ((tp, store, _), applier) in stores.into_iter().zip(caught) {
-        let (engine, stats) = store.load(cfg.engine(), |_| {})?;
+        let (engine, stats) = store.load(cfg.engine())?;
         let marker = read_marker(&store)?;
         tracing::info!(
             topic = %tp.0,
             partition = tp.1,
             changelog_records = applier.applied(),
-            series = stats.series,
             open_batches = stats.batches,
-            dedupe = stats.dedupe,
+            series = stats.series,
             next_offset = marker.as_ref().map_or(-1, |m| m.next_offset),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "partition state restored"

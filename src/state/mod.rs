@@ -5,21 +5,34 @@
 //! topic), and [`Store::apply`] writes a set of records and the source
 //! position they reflect in one atomic `WriteBatch`.
 //!
+//! The store is the state; the engine caches part of it. Only the
+//! partition values and open batches are loaded at start ([`Store::load`]);
+//! series and identities are read when a vote needs them
+//! ([`Store::provide`]).
+//!
 //! Key layout (first byte is the record kind):
 //! - `m`                         → [`Meta`]
 //! - `s` len(inf) inf vp         → [`SeriesState`] (prefix-scannable by inference)
 //! - `b` postcard([`BatchKey`])  → [`Batch`]
 //! - `d` identity (16 bytes BE)  → vote time (i128 LE)
+//! - `t` time key (16) identity  → empty: local index of `d` by vote time,
+//!   written by [`Store::apply`] with every `d` put, never sent anywhere;
+//!   [`Store::sweep`] walks it to forget identities past the retention
 //! - `p` name                    → shell positions (input offset, changelog offset)
 //! - `c`, `o`…                   → the service's cycle marker and outbox
 //!   (`crate::service::changelog`); stored here, never interpreted here
 
 use std::path::{Path, PathBuf};
 
-use rocksdb::{Direction, IteratorMode, Options, WriteBatch, DB};
+use rocksdb::{
+    BlockBasedOptions, Cache, Direction, IteratorMode, Options, ReadOptions, WriteBatch,
+    WriteOptions, DB,
+};
 use thiserror::Error;
 
-use crate::engine::{Batch, BatchKey, Change, Engine, EngineConfig, Meta, SeriesKey, SeriesState};
+use crate::engine::{
+    Batch, BatchKey, Change, Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants,
+};
 use crate::time::Nanos;
 
 /// A state-store failure. All of them are fatal for the partition: the
@@ -39,6 +52,9 @@ pub enum StoreError {
         why: String,
     },
 }
+
+/// A stored key and value, as RocksDB's iterator returns them.
+type KeyValue = (Box<[u8]>, Box<[u8]>);
 
 /// One state record: key and value (`None` deletes).
 pub type Record = (Vec<u8>, Option<Vec<u8>>);
@@ -79,6 +95,23 @@ fn parse_series_key(key: &[u8]) -> Option<SeriesKey> {
     })
 }
 
+fn identity_key(id: u128) -> Vec<u8> {
+    let mut key = Vec::with_capacity(17);
+    key.push(b'd');
+    key.extend_from_slice(&id.to_be_bytes());
+    key
+}
+
+/// `t` key of an identity: vote time in an order-preserving form (sign bit
+/// flipped, big-endian), then the identity.
+fn time_index_key(at: Nanos, id: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(33);
+    key.push(b't');
+    key.extend_from_slice(&((at as u128) ^ (1 << 127)).to_be_bytes());
+    key.extend_from_slice(id);
+    key
+}
+
 fn enc<T: serde::Serialize>(v: &T) -> Vec<u8> {
     // postcard only fails on writer errors, which a Vec never has.
     postcard::to_allocvec(v).unwrap_or_default()
@@ -92,12 +125,7 @@ fn encode_change(c: Change<'_>) -> Record {
             key.extend_from_slice(&enc(k));
             (key, b.map(enc))
         }
-        Change::Dedupe(id, at) => {
-            let mut key = Vec::with_capacity(17);
-            key.push(b'd');
-            key.extend_from_slice(&id.to_be_bytes());
-            (key, at.map(|t| t.to_le_bytes().to_vec()))
-        }
+        Change::Dedupe(id, at) => (identity_key(id), Some(at.to_le_bytes().to_vec())),
         Change::Meta(m) => (META_KEY.to_vec(), Some(enc(m))),
     }
 }
@@ -107,15 +135,51 @@ pub fn encode_changes_into(engine: &mut Engine, out: &mut Vec<Record>) {
     engine.drain_changes(|c| out.push(encode_change(c)));
 }
 
-/// Position name marking a large write in progress (see [`Store::write_all_changes`]).
+/// Position name marking a bulk write in progress (see [`Store::begin_bulk`]).
 const INCOMPLETE: &str = "incomplete_write";
 
-/// Progress of a restore, for logs and metrics.
+/// Position name of the key layout version; 2 added the `t` index.
+const FORMAT: &str = "format";
+const FORMAT_VERSION: i64 = 2;
+
+/// Most identities one [`Store::sweep`] call forgets (bounds a cycle's work).
+pub const SWEEP_LIMIT: usize = 10_000;
+
+/// What a load read, for logs.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RestoreStats {
+    /// Series loaded (those of open batches).
     pub series: u64,
     pub batches: u64,
-    pub dedupe: u64,
+}
+
+/// Block cache shared by every partition's database (index, filter and
+/// data blocks), so that the process's RocksDB read memory is one budget.
+fn block_cache() -> &'static Cache {
+    static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| Cache::new_lru_cache(32 << 20))
+}
+
+/// Options of a partition database: bloom filters so that looking up a
+/// new vote's identity (the common case, a miss) rarely reads a block;
+/// small memtables so that memory stays flat with many partitions.
+fn options() -> Options {
+    let mut bb = BlockBasedOptions::default();
+    bb.set_bloom_filter(10.0, false);
+    bb.set_whole_key_filtering(true);
+    bb.set_cache_index_and_filter_blocks(true);
+    bb.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    bb.set_block_cache(block_cache());
+    let mut opts = Options::default();
+    opts.create_if_missing(true);
+    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    opts.increase_parallelism(2);
+    opts.set_block_based_table_factory(&bb);
+    opts.set_memtable_prefix_bloom_ratio(0.1);
+    opts.set_memtable_whole_key_filtering(true);
+    opts.set_write_buffer_size(16 << 20);
+    opts.set_max_write_buffer_number(3);
+    opts
 }
 
 /// One partition's RocksDB.
@@ -127,18 +191,16 @@ pub struct Store {
 impl Store {
     /// Opens (creating if needed) the database at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let mut opts = Options::default();
-        opts.create_if_missing(true);
-        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        opts.increase_parallelism(2);
-        let db = DB::open(&opts, path).map_err(|source| StoreError::Rocks {
+        let db = DB::open(&options(), path).map_err(|source| StoreError::Rocks {
             path: path.to_owned(),
             source,
         })?;
-        Ok(Store {
+        let store = Store {
             db,
             path: path.to_owned(),
-        })
+        };
+        store.upgrade()?;
+        Ok(store)
     }
 
     /// Opens an existing database read-only (for `inspect`).
@@ -174,61 +236,133 @@ impl Store {
         }
     }
 
-    /// Writes `records` and the `positions` in one atomic batch.
-    pub fn apply(&self, records: &[Record], positions: &[(&str, i64)]) -> Result<(), StoreError> {
+    /// Brings a directory written before the `t` index up to date (one pass
+    /// over its identities, once).
+    fn upgrade(&self) -> Result<(), StoreError> {
+        if self.position(FORMAT)?.unwrap_or(0) >= FORMAT_VERSION {
+            return Ok(());
+        }
         let mut wb = WriteBatch::default();
-        for (k, v) in records {
-            match v {
-                Some(v) => wb.put(k, v),
-                None => wb.delete(k),
+        let mut n = 0u64;
+        for item in self.prefix(b"d") {
+            let (k, v) = item?;
+            let at = self.identity_time(&k, &v)?;
+            wb.put(time_index_key(at, &k[1..]), []);
+            n += 1;
+            if wb.len() >= 50_000 {
+                self.db
+                    .write(std::mem::take(&mut wb))
+                    .map_err(|e| self.rocks(e))?;
             }
         }
+        wb.put(position_key(FORMAT), FORMAT_VERSION.to_le_bytes());
+        self.db.write(wb).map_err(|e| self.rocks(e))?;
+        if n > 0 {
+            tracing::info!(path = %self.path.display(), identities = n,
+                "state directory upgraded: vote identities indexed by vote time");
+        }
+        Ok(())
+    }
+
+    /// Iterates the records whose key starts with `prefix`.
+    fn prefix<'a>(
+        &'a self,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = Result<KeyValue, StoreError>> + 'a {
+        self.db
+            .iterator(IteratorMode::From(prefix, Direction::Forward))
+            .map(|r| r.map_err(|e| self.rocks(e)))
+            .take_while(move |r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+    }
+
+    fn identity_time(&self, key: &[u8], v: &[u8]) -> Result<Nanos, StoreError> {
+        let at: [u8; 16] = v
+            .try_into()
+            .map_err(|_| self.corrupt(key, "bad dedupe value"))?;
+        Ok(Nanos::from_le_bytes(at))
+    }
+
+    /// Writes `records` and the `positions` in one atomic batch (with the
+    /// local `t` index entry of every identity put).
+    pub fn apply(&self, records: &[Record], positions: &[(&str, i64)]) -> Result<(), StoreError> {
+        let mut wb = WriteBatch::default();
+        self.batch_records(&mut wb, records)?;
         for (name, value) in positions {
-            let mut key = vec![b'p'];
-            key.extend_from_slice(name.as_bytes());
-            wb.put(key, value.to_le_bytes());
+            wb.put(position_key(name), value.to_le_bytes());
         }
         self.db.write(wb).map_err(|e| self.rocks(e))
     }
 
-    /// Writes every pending change of `engine` in bounded batches (memory
-    /// stays flat however large the state). A marker written first and
-    /// removed last makes an interrupted write detectable: [`Store::load`]
-    /// refuses such a directory instead of using half-written state.
-    pub fn write_all_changes(&self, engine: &mut Engine) -> Result<(), StoreError> {
+    fn batch_records(&self, wb: &mut WriteBatch, records: &[Record]) -> Result<(), StoreError> {
+        for (k, v) in records {
+            match v {
+                Some(v) => {
+                    wb.put(k, v);
+                    if k.first() == Some(&b'd') {
+                        wb.put(time_index_key(self.identity_time(k, v)?, &k[1..]), []);
+                    }
+                }
+                None => wb.delete(k),
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the start of a bulk write (replay): until [`Store::finish_bulk`],
+    /// [`Store::load`] refuses the directory, since bulk writes skip the
+    /// write-ahead log and an interrupted one leaves half-written state.
+    pub fn begin_bulk(&self) -> Result<(), StoreError> {
+        self.apply(&[], &[(INCOMPLETE, 1)])
+    }
+
+    /// Writes the identities `sweep` forgets and then the engine's pending
+    /// changes, in bounded batches without the write-ahead log (between
+    /// [`Store::begin_bulk`] and [`Store::finish_bulk`], or for a temporary
+    /// state).
+    pub fn write_bulk(&self, engine: &mut Engine, sweep: bool) -> Result<(), StoreError> {
         const CHUNK: usize = 50_000;
-        self.apply(&[], &[(INCOMPLETE, 1)])?;
+        let mut no_wal = WriteOptions::default();
+        no_wal.disable_wal(true);
         let mut wb = WriteBatch::default();
+        if sweep {
+            if let Some(h) = engine.identity_horizon() {
+                self.batch_records(&mut wb, &self.sweep(h, usize::MAX)?)?;
+            }
+        }
         let mut err = None;
+        let mut records = Vec::with_capacity(1);
         engine.drain_changes(|c| {
             if err.is_some() {
                 return;
             }
-            let (k, v) = encode_change(c);
-            match v {
-                Some(v) => wb.put(&k, &v),
-                None => wb.delete(&k),
-            }
-            if wb.len() >= CHUNK {
-                if let Err(e) = self.db.write(std::mem::take(&mut wb)) {
-                    err = Some(e);
+            records.clear();
+            records.push(encode_change(c));
+            if let Err(e) = self.batch_records(&mut wb, &records) {
+                err = Some(e);
+            } else if wb.len() >= CHUNK {
+                if let Err(e) = self.db.write_opt(std::mem::take(&mut wb), &no_wal) {
+                    err = Some(self.rocks(e));
                 }
             }
         });
         if let Some(e) = err {
-            return Err(self.rocks(e));
+            return Err(e);
         }
-        self.db.write(wb).map_err(|e| self.rocks(e))?;
-        let mut key = vec![b'p'];
-        key.extend_from_slice(INCOMPLETE.as_bytes());
-        self.db.delete(&key).map_err(|e| self.rocks(e))?;
+        self.db.write_opt(wb, &no_wal).map_err(|e| self.rocks(e))
+    }
+
+    /// Ends a bulk write: memtables to disk, then the marker goes.
+    pub fn finish_bulk(&self) -> Result<(), StoreError> {
+        self.flush()?;
+        self.db
+            .delete(position_key(INCOMPLETE))
+            .map_err(|e| self.rocks(e))?;
         self.flush()
     }
 
     /// A position written by [`Store::apply`].
     pub fn position(&self, name: &str) -> Result<Option<i64>, StoreError> {
-        let mut key = vec![b'p'];
-        key.extend_from_slice(name.as_bytes());
+        let key = position_key(name);
         match self.db.get(&key).map_err(|e| self.rocks(e))? {
             None => Ok(None),
             Some(v) => {
@@ -251,66 +385,111 @@ impl Store {
         self.db.flush().map_err(|e| self.rocks(e))
     }
 
-    /// Loads the whole partition into an engine. `progress` is called now and
-    /// then with the counts so far.
-    pub fn load(
-        &self,
-        cfg: EngineConfig,
-        mut progress: impl FnMut(RestoreStats),
-    ) -> Result<(Engine, RestoreStats), StoreError> {
+    /// Loads what a partition needs in memory: its values, its open batches
+    /// and their series. Series and identities stay on disk until a vote
+    /// needs them, so this is O(open state), not O(history).
+    pub fn load(&self, cfg: EngineConfig) -> Result<(Engine, RestoreStats), StoreError> {
         if self.position(INCOMPLETE)?.is_some() {
             return Err(self.corrupt(
                 INCOMPLETE.as_bytes(),
                 "a previous run stopped while writing this state; delete the directory and replay again",
             ));
         }
-        let mut stats = RestoreStats::default();
-        let mut meta = Meta::default();
-        let mut series = Vec::new();
+        let meta = match self.get(META_KEY)? {
+            Some(v) => postcard::from_bytes(&v).map_err(|e| self.corrupt(META_KEY, e))?,
+            None => Meta::default(),
+        };
         let mut batches = Vec::new();
-        let mut dedupe = Vec::new();
-        for item in self.db.iterator(IteratorMode::Start) {
-            let (k, v) = item.map_err(|e| self.rocks(e))?;
-            match k.first() {
-                Some(b'm') => {
-                    meta = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
-                }
-                Some(b's') => {
-                    let key =
-                        parse_series_key(&k).ok_or_else(|| self.corrupt(&k, "bad series key"))?;
-                    let s: SeriesState =
-                        postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
-                    series.push((key, s));
-                    stats.series += 1;
-                }
-                Some(b'b') => {
-                    let key: BatchKey =
-                        postcard::from_bytes(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-                    let b: Batch = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
-                    batches.push((key, b));
-                    stats.batches += 1;
-                }
-                Some(b'd') => {
-                    let id: [u8; 16] = k[1..]
-                        .try_into()
-                        .map_err(|_| self.corrupt(&k, "bad dedupe key"))?;
-                    let at: [u8; 16] = v
-                        .as_ref()
-                        .try_into()
-                        .map_err(|_| self.corrupt(&k, "bad dedupe value"))?;
-                    dedupe.push((u128::from_be_bytes(id), Nanos::from_le_bytes(at)));
-                    stats.dedupe += 1;
-                }
-                Some(b'p' | b'c' | b'o') => {}
-                _ => return Err(self.corrupt(&k, "unknown record kind")),
+        let mut series = Vec::new();
+        for item in self.prefix(b"b") {
+            let (k, v) = item?;
+            let key: BatchKey = postcard::from_bytes(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            let b: Batch = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            if series
+                .last()
+                .is_none_or(|(s, _): &(SeriesKey, _)| *s != key.series)
+            {
+                let sk = series_key_bytes(&key.series);
+                let state = self
+                    .get(&sk)?
+                    .ok_or_else(|| self.corrupt(&sk, "an open batch's series is missing"))?;
+                let state = postcard::from_bytes(&state).map_err(|e| self.corrupt(&sk, e))?;
+                series.push((key.series.clone(), state));
             }
-            let n = stats.series + stats.batches + stats.dedupe;
-            if n % 100_000 == 0 && n > 0 {
-                progress(stats);
+            batches.push((key, b));
+        }
+        let empty = self.prefix(b"s").next().is_none() && self.prefix(b"d").next().is_none();
+        let stats = RestoreStats {
+            series: series.len() as u64,
+            batches: batches.len() as u64,
+        };
+        Ok((Engine::restore(cfg, meta, series, batches, empty), stats))
+    }
+
+    /// Hands the engine what `wants` name, read from the store (one
+    /// multi-get per kind). Keys are deduplicated by the caller or not: a
+    /// second provide of the same key is ignored.
+    pub fn provide(&self, engine: &mut Engine, wants: &[Wants]) -> Result<(), StoreError> {
+        let series: Vec<&SeriesKey> = wants.iter().filter_map(|w| w.series.as_ref()).collect();
+        if !series.is_empty() {
+            let keys: Vec<Vec<u8>> = series.iter().map(|k| series_key_bytes(k)).collect();
+            for ((k, bytes), v) in series.iter().zip(&keys).zip(self.db.multi_get(&keys)) {
+                let state = match v.map_err(|e| self.rocks(e))? {
+                    Some(v) => Some(postcard::from_bytes(&v).map_err(|e| self.corrupt(bytes, e))?),
+                    None => None,
+                };
+                engine.provide_series((*k).clone(), state);
             }
         }
-        progress(stats);
-        Ok((Engine::restore(cfg, meta, series, batches, dedupe), stats))
+        let ids: Vec<u128> = wants.iter().filter_map(|w| w.identity).collect();
+        if !ids.is_empty() {
+            let keys: Vec<Vec<u8>> = ids.iter().map(|&id| identity_key(id)).collect();
+            for ((id, k), v) in ids.iter().zip(&keys).zip(self.db.multi_get(&keys)) {
+                let at = match v.map_err(|e| self.rocks(e))? {
+                    Some(v) => Some(self.identity_time(k, &v)?),
+                    None => None,
+                };
+                engine.provide_identity(*id, at);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that forget up to `limit` identities whose vote time is
+    /// before `horizon` (SPEC §4 retention): a delete of the identity, unless
+    /// a later vote re-used it (then only its stale index entry goes), and
+    /// of the index entry. Apply them before the cycle's engine changes, so
+    /// that an identity accepted again in the same cycle stays.
+    pub fn sweep(&self, horizon: Nanos, limit: usize) -> Result<Vec<Record>, StoreError> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(time_index_key(horizon, &[]));
+        let mut index = Vec::new();
+        for item in self
+            .db
+            .iterator_opt(IteratorMode::From(b"t", Direction::Forward), opts)
+            .take(limit)
+        {
+            let (k, _) = item.map_err(|e| self.rocks(e))?;
+            if k.len() != 33 || k[0] != b't' {
+                return Err(self.corrupt(&k, "bad identity index key"));
+            }
+            index.push(k);
+        }
+        let keys: Vec<Vec<u8>> = index
+            .iter()
+            .map(|k| [&b"d"[..], &k[17..]].concat())
+            .collect();
+        let values = self.db.multi_get(&keys);
+        let mut out = Vec::with_capacity(index.len() * 2);
+        for ((t, d), v) in index.iter().zip(keys).zip(values) {
+            if let Some(v) = v.map_err(|e| self.rocks(e))? {
+                if time_index_key(self.identity_time(&d, &v)?, &d[1..]) == **t {
+                    out.push((d, None));
+                }
+            }
+            out.push((t.to_vec(), None));
+        }
+        Ok(out)
     }
 
     /// Every stored series of one inference, in voter_prompt_id order.
@@ -359,6 +538,12 @@ impl Store {
     }
 }
 
+fn position_key(name: &str) -> Vec<u8> {
+    let mut key = vec![b'p'];
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
 /// Whether `dir` is itself a RocksDB database (has a `CURRENT` file).
 pub fn is_database(dir: &Path) -> bool {
     dir.join("CURRENT").is_file()
@@ -379,5 +564,106 @@ mod tests {
         assert!(bytes.starts_with(&series_prefix("a\u{0}b")));
         // "a" must not prefix-match the series of "a\0b".
         assert!(!bytes.starts_with(&series_prefix("a")));
+    }
+
+    fn id_record(id: u128, at: Nanos) -> Record {
+        (identity_key(id), Some(at.to_le_bytes().to_vec()))
+    }
+
+    fn keys(store: &Store, prefix: &[u8]) -> usize {
+        store.prefix(prefix).count()
+    }
+
+    #[test]
+    fn time_index_keys_sort_by_vote_time_including_negative_times() {
+        let id = [0u8; 16];
+        let ts = [-5 * 10i128.pow(18), -1, 0, 1, 10i128.pow(18)];
+        for w in ts.windows(2) {
+            assert!(time_index_key(w[0], &id) < time_index_key(w[1], &id));
+        }
+    }
+
+    #[test]
+    fn sweep_forgets_identities_past_the_horizon_and_skips_reused_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        // 1 and 2 old, 3 new; 2 accepted again later (its old index entry is stale).
+        store
+            .apply(
+                &[id_record(1, 10), id_record(2, 20), id_record(3, 100)],
+                &[],
+            )
+            .unwrap();
+        store.apply(&[id_record(2, 90)], &[]).unwrap();
+        assert_eq!(keys(&store, b"t"), 4);
+        let swept = store.sweep(50, usize::MAX).unwrap();
+        // d1 and t1 deleted; for 2 only the stale index entry goes.
+        assert_eq!(swept.len(), 3);
+        assert!(swept.iter().all(|(_, v)| v.is_none()));
+        assert!(swept.contains(&(identity_key(1), None)));
+        assert!(!swept.contains(&(identity_key(2), None)));
+        store.apply(&swept, &[]).unwrap();
+        assert_eq!(keys(&store, b"d"), 2);
+        assert_eq!(keys(&store, b"t"), 2);
+        assert!(store.sweep(50, usize::MAX).unwrap().is_empty());
+        // The limit bounds one call's work.
+        assert_eq!(store.sweep(1000, 1).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn an_old_directory_gets_its_time_index_once() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path()).unwrap();
+            // As a format-1 directory: identities without index entries.
+            let mut wb = WriteBatch::default();
+            for (k, v) in [id_record(1, 10), id_record(2, 20)] {
+                wb.put(k, v.unwrap());
+            }
+            wb.delete(position_key(FORMAT));
+            store.db.write(wb).unwrap();
+            assert_eq!(keys(&store, b"t"), 0);
+        }
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(keys(&store, b"t"), 2);
+        assert_eq!(store.position(FORMAT).unwrap(), Some(FORMAT_VERSION));
+        assert_eq!(store.sweep(15, usize::MAX).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn load_reads_open_batches_and_their_series_only() {
+        let cfg = crate::config::Config::load(None).unwrap().engine();
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let (mut engine, stats) = store.load(cfg.clone()).unwrap();
+        assert!(engine.is_complete());
+        assert_eq!(stats.series, 0);
+        let opts = crate::config::Config::load(None).unwrap().decode_options();
+        let mut out = Vec::new();
+        for line in [
+            r#"{"inference_id":"a","voter_id":"v","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:00:00Z"}"#,
+            r#"{"inference_id":"b","voter_id":"v","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:10:00Z"}"#,
+        ] {
+            let v = crate::input::decode_vote(line.as_bytes(), &opts).unwrap();
+            engine.process(&v, &mut out);
+        }
+        store.write_bulk(&mut engine, true).unwrap();
+        let (engine, stats) = store.load(cfg).unwrap();
+        // Series "a" was scored and closed: it stays on disk.
+        assert_eq!((stats.series, stats.batches), (1, 1));
+        assert_eq!(engine.cached(), (1, 0));
+        assert!(!engine.is_complete());
+        // A vote on "a" wants its series and identity from the store.
+        let v = crate::input::decode_vote(
+            br#"{"inference_id":"a","voter_id":"v","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:00:00Z"}"#,
+            &opts,
+        )
+        .unwrap();
+        let wants = engine.wants(&v);
+        assert!(wants.series.is_some() && wants.identity.is_some());
+        let mut engine = engine;
+        store.provide(&mut engine, &[wants]).unwrap();
+        assert_eq!(engine.cached(), (2, 1));
+        assert_eq!(engine.wants(&v), Wants::default());
     }
 }

@@ -19,14 +19,36 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_jurystream"))
 }
 
+/// `state.cache_mb` values a replay test runs with: the default, and 0
+/// (only what open batches need: every series and identity comes from
+/// RocksDB). No output may differ between them.
+pub const CACHE_SIZES: [Option<u32>; 2] = [None, Some(0)];
+
+thread_local! {
+    static CACHE_MB: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the commands of this thread setting `state.cache_mb`
+/// (through its environment variable) to `mb`, or leaving the default.
+pub fn with_cache_mb<T>(mb: Option<u32>, f: impl FnOnce() -> T) -> T {
+    let before = CACHE_MB.with(|c| c.replace(mb));
+    let out = f();
+    CACHE_MB.with(|c| c.set(before));
+    out
+}
+
 /// A `jurystream` command with no `JURYSTREAM_*` variable of the caller's
-/// environment (they would override the configuration).
+/// environment (they would override the configuration), except the cache
+/// size set by [`with_cache_mb`].
 pub fn command() -> Command {
     let mut c = Command::new(bin());
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("JURYSTREAM_") {
             c.env_remove(k);
         }
+    }
+    if let Some(mb) = CACHE_MB.with(|c| c.get()) {
+        c.env("JURYSTREAM_STATE__CACHE_MB", mb.to_string());
     }
     c.stdin(Stdio::null());
     c

@@ -1,0 +1,304 @@
+//! The engine's bounded cache of series states and vote identities (pure:
+//! the shell loads what a vote needs from RocksDB before the vote, persists
+//! what the engine changed, then asks the engine to evict).
+//!
+//! An entry is evictable when it is clean (persisted) and, for a series,
+//! no open batch needs it. Eviction drops the least recently used entries
+//! until the cache is at three quarters of its budget, so that a full cache
+//! is not scanned again after every cycle.
+
+use super::{vote_identity, Engine, SeriesKey, SeriesState};
+use crate::input::Vote;
+use crate::time::Nanos;
+
+/// What a vote needs in the cache before [`Engine::process`] and the cache
+/// does not hold: the shell reads these from the state store and hands them
+/// over with [`Engine::provide_series`] / [`Engine::provide_identity`].
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Wants {
+    pub series: Option<SeriesKey>,
+    pub identity: Option<u128>,
+}
+
+/// A cached series.
+#[derive(Debug, Clone)]
+pub(super) struct SeriesEntry {
+    pub state: SeriesState,
+    /// Open batches of this series: they need the state when they close.
+    pub pins: u32,
+    /// Changed since the last drain.
+    pub dirty: bool,
+    /// Tick of the last use (least recently used goes first).
+    pub used: u64,
+}
+
+/// A cached vote identity.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IdentityEntry {
+    /// Vote time of the accepted vote.
+    pub at: Nanos,
+    pub dirty: bool,
+    pub used: u64,
+}
+
+/// Approximate memory of a cached identity: key, entry and the hash table's
+/// share (load factor 7/8, one control byte).
+pub(super) const IDENTITY_BYTES: usize = 16 + std::mem::size_of::<IdentityEntry>() + 16;
+
+/// Approximate memory of a cached series: the key's two strings (shared
+/// with open batches, counted once here), the entry and the table's share.
+pub(super) fn series_bytes(inference_id: &str, voter_prompt_id: &str, s: &SeriesState) -> usize {
+    const ARC_HEADER: usize = 16;
+    2 * ARC_HEADER
+        + inference_id.len()
+        + voter_prompt_id.len()
+        + std::mem::size_of::<SeriesEntry>()
+        + std::mem::size_of::<SeriesKey>()
+        + s.model_id.as_ref().map_or(0, |m| m.len())
+        + 16
+}
+
+/// The eviction target for a cache over `budget`.
+pub(super) fn target(budget: usize) -> usize {
+    budget - budget / 4
+}
+
+/// The `used` tick at or below which evictable entries go so that at least
+/// `need` bytes are freed, from `(used, bytes)` of the evictable entries.
+/// Least recently used first; ties at the cut all go (approximate LRU, in
+/// one pass over a histogram instead of a sort).
+pub(super) fn cutoff(candidates: &[(u64, usize)], need: usize) -> Option<u64> {
+    if need == 0 || candidates.is_empty() {
+        return None;
+    }
+    let lo = candidates.iter().map(|c| c.0).min().unwrap_or(0);
+    let hi = candidates.iter().map(|c| c.0).max().unwrap_or(0);
+    const BUCKETS: usize = 1024;
+    let width = ((hi - lo) / BUCKETS as u64).max(1);
+    let mut bytes = [0usize; BUCKETS + 1];
+    for &(used, b) in candidates {
+        bytes[((used - lo) / width).min(BUCKETS as u64) as usize] += b;
+    }
+    let mut freed = 0;
+    for (i, b) in bytes.iter().enumerate() {
+        freed += b;
+        if freed >= need {
+            // Every entry of bucket i has used < lo + (i + 1) * width.
+            return Some(
+                lo.saturating_add((i as u64 + 1).saturating_mul(width) - 1)
+                    .min(hi),
+            );
+        }
+    }
+    Some(hi)
+}
+
+impl Engine {
+    /// What `vote` needs loaded before [`Engine::process`].
+    pub fn wants(&self, vote: &Vote) -> Wants {
+        if self.complete {
+            return Wants::default();
+        }
+        let key = SeriesKey {
+            inference_id: vote.inference_id.clone(),
+            voter_prompt_id: vote.voter_prompt_id.clone(),
+        };
+        let identity = vote_identity(vote);
+        Wants {
+            series: (!self.series.contains_key(&key)).then_some(key),
+            identity: (!self.dedupe.contains_key(&identity)).then_some(identity),
+        }
+    }
+
+    /// A stored series state (or `None`: the store has none), loaded on a
+    /// miss. A cached entry wins: it may hold changes not yet persisted.
+    pub fn provide_series(&mut self, key: SeriesKey, state: Option<SeriesState>) {
+        let Some(state) = state else { return };
+        if self.series.contains_key(&key) {
+            return;
+        }
+        self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
+        self.series.insert(
+            key,
+            SeriesEntry {
+                state,
+                pins: 0,
+                dirty: false,
+                used: self.tick,
+            },
+        );
+    }
+
+    /// A stored vote identity's vote time (or `None`), loaded on a miss.
+    pub fn provide_identity(&mut self, id: u128, at: Option<Nanos>) {
+        let Some(at) = at else { return };
+        if let std::collections::hash_map::Entry::Vacant(v) = self.dedupe.entry(id) {
+            self.cache_bytes += IDENTITY_BYTES;
+            v.insert(IdentityEntry {
+                at,
+                dirty: false,
+                used: self.tick,
+            });
+        }
+    }
+
+    /// Approximate memory of the cached series and identities.
+    pub fn cache_bytes(&self) -> usize {
+        self.cache_bytes
+    }
+
+    /// Cached series and identities.
+    pub fn cached(&self) -> (usize, usize) {
+        (self.series.len(), self.dedupe.len())
+    }
+
+    /// Changes not drained yet (series, batches, identities).
+    pub fn pending_changes(&self) -> usize {
+        self.dirty_series.len() + self.dirty_batches.len() + self.dirty_dedupe.len()
+    }
+
+    /// Whether nothing needs loading (see [`Engine::wants`]).
+    pub fn is_complete(&self) -> bool {
+        self.complete
+    }
+
+    /// Evicts clean, unneeded entries, least recently used first, when the
+    /// cache is over `budget` bytes. Call only once the changes drained so
+    /// far are in the state store: an evicted entry is read back from there.
+    pub fn evict(&mut self, budget: usize) {
+        if self.cache_bytes <= budget {
+            return;
+        }
+        let need = self.cache_bytes - target(budget);
+        let mut candidates: Vec<(u64, usize)> = Vec::new();
+        for (k, e) in &self.series {
+            if !e.dirty && e.pins == 0 {
+                let b = series_bytes(&k.inference_id, &k.voter_prompt_id, &e.state);
+                candidates.push((e.used, b));
+            }
+        }
+        for e in self.dedupe.values() {
+            if !e.dirty {
+                candidates.push((e.used, IDENTITY_BYTES));
+            }
+        }
+        let Some(cut) = cutoff(&candidates, need) else {
+            return;
+        };
+        let mut freed = 0;
+        self.series.retain(|k, e| {
+            let keep = e.dirty || e.pins > 0 || e.used > cut;
+            if !keep {
+                freed += series_bytes(&k.inference_id, &k.voter_prompt_id, &e.state);
+            }
+            keep
+        });
+        let before = self.dedupe.len();
+        self.dedupe.retain(|_, e| e.dirty || e.used > cut);
+        freed += (before - self.dedupe.len()) * IDENTITY_BYTES;
+        if freed > 0 {
+            self.complete = false;
+        }
+        self.cache_bytes -= freed.min(self.cache_bytes);
+        if self.series.is_empty() && self.dedupe.is_empty() {
+            self.cache_bytes = 0;
+        }
+    }
+
+    pub(super) fn remember(&mut self, identity: u128, at: Nanos) {
+        let tick = self.tick;
+        let e = self.dedupe.entry(identity).or_insert_with(|| {
+            self.cache_bytes += IDENTITY_BYTES;
+            IdentityEntry {
+                at,
+                dirty: false,
+                used: tick,
+            }
+        });
+        e.at = at;
+        e.used = tick;
+        if !std::mem::replace(&mut e.dirty, true) {
+            self.dirty_dedupe.push(identity);
+        }
+    }
+
+    pub(super) fn touch_series_model(&mut self, key: &SeriesKey, model_id: Option<&str>) {
+        let tick = self.tick;
+        let changed = match self.series.get_mut(key) {
+            Some(e) => {
+                e.used = tick;
+                if e.state.model_id.is_none() && model_id.is_some() {
+                    e.state.model_id = model_id.map(Into::into);
+                    self.cache_bytes += model_id.map_or(0, str::len);
+                    true
+                } else {
+                    false
+                }
+            }
+            None => {
+                let state = SeriesState {
+                    model_id: model_id.map(Into::into),
+                    score: self.cfg.initial_score,
+                    last_vote_at: None,
+                    update_seq: 0,
+                    abstentions: 0,
+                    votes: 0,
+                };
+                self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
+                self.series.insert(
+                    key.clone(),
+                    SeriesEntry {
+                        state,
+                        pins: 0,
+                        dirty: false,
+                        used: tick,
+                    },
+                );
+                true
+            }
+        };
+        if changed {
+            self.mark_series(key);
+        }
+    }
+
+    pub(super) fn mark_series(&mut self, key: &SeriesKey) {
+        if let Some(e) = self.series.get_mut(key) {
+            if !std::mem::replace(&mut e.dirty, true) {
+                self.dirty_series.push(key.clone());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cutoff_frees_the_least_recently_used_first() {
+        let c: Vec<(u64, usize)> = (1..=100).map(|t| (t, 10)).collect();
+        assert_eq!(cutoff(&c, 0), None);
+        assert_eq!(cutoff(&[], 5), None);
+        // 10 bytes each: freeing 95 bytes takes the 10 oldest.
+        let cut = cutoff(&c, 95).unwrap();
+        let freed: usize = c.iter().filter(|e| e.0 <= cut).map(|e| e.1).sum();
+        assert!(freed >= 95, "freed {freed}");
+        assert!(c.iter().any(|e| e.0 > cut), "newest entries stay");
+        assert_eq!(cutoff(&c, 10_000), Some(100));
+    }
+
+    #[test]
+    fn cutoff_handles_wide_tick_ranges() {
+        let c = vec![(0u64, 8usize), (u64::MAX / 2, 8), (u64::MAX - 1, 8)];
+        let cut = cutoff(&c, 8).unwrap();
+        assert!(cut < u64::MAX / 2, "only the oldest goes: {cut}");
+        assert_eq!(cutoff(&c, 24), Some(u64::MAX - 1));
+    }
+
+    #[test]
+    fn target_leaves_headroom() {
+        assert_eq!(target(0), 0);
+        assert_eq!(target(100), 75);
+    }
+}
