@@ -15,6 +15,11 @@ use rdkafka::{ClientConfig, Offset};
 /// One broker test at a time: they are heavy on a 2-core machine.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// `[state]` lines for the crash and scale-out tests: no cache
+/// (`state.cache_mb = 0`), so every series and identity a vote needs after a
+/// restore or a move comes from RocksDB (the other tests run the default).
+const NO_CACHE: &str = "cache_mb = 0";
+
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -197,7 +202,7 @@ fn kill_9_at_many_points_loses_and_doubles_nothing() {
         return;
     };
     let mode = exactly_once_mode(&broker.bootstrap(), "crash-probe");
-    let setup = Setup::new(&broker, "crash", 4, mode, "");
+    let setup = Setup::new(&broker, "crash", 4, mode, NO_CACHE);
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 50_000, 7);
     let expected = replay(&setup.config, &input);
@@ -372,7 +377,7 @@ fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
     let mode = exactly_once_mode(&broker.bootstrap(), "kill3-probe");
     // max.poll.interval above a rebalance with restores, so no member
     // leaves the group on its own while it is forming (see below).
-    let setup = Setup::at(&broker.bootstrap(), "kill3", 6, mode, "", 20_000);
+    let setup = Setup::at(&broker.bootstrap(), "kill3", 6, mode, NO_CACHE, 20_000);
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 100_000, 11);
     let expected = replay(&setup.config, &input);
@@ -771,7 +776,7 @@ fn scale_out_1_3_1_while_votes_flow_equals_one_instance() {
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let setup = Setup::new(&broker, "scale", 6, "exactly_once_outbox", "");
+    let setup = Setup::new(&broker, "scale", 6, "exactly_once_outbox", NO_CACHE);
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 100_000, 5);
     let expected = replay(&setup.config, &input);
@@ -895,4 +900,123 @@ fn readyz_is_503_until_the_assigned_state_is_restored() {
         .and_then(|v| v.parse().ok())
         .unwrap();
     assert!(count >= 1.0, "{metrics}");
+}
+
+/// The number after `key=` on the last log line containing `marker`.
+fn last_logged(log: &str, marker: &str, key: &str) -> Option<u64> {
+    log.lines()
+        .rev()
+        .find(|l| l.contains(marker))?
+        .split(&format!("{key}="))
+        .nth(1)?
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn a_restore_longer_than_max_poll_interval_keeps_the_member_in_the_group() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    // B runs with max.poll.interval.ms = session.timeout.ms = 2 s; the
+    // changelog below takes longer to restore on an empty disk (asserted,
+    // so the test proves its point: ~6 s on the project's machine).
+    let max_poll_ms = 2_000u64;
+    let setup = Setup::new(&broker, "longrestore", 1, "exactly_once_outbox", NO_CACHE);
+    let input = setup.dir.path().join("votes.jsonl");
+    generate_votes(&input, 100_000, 17);
+    let expected = replay(&setup.config, &input);
+    let n = std::fs::read_to_string(&input).unwrap().lines().count();
+    let first = setup.dir.path().join("first.jsonl");
+    let second = setup.dir.path().join("second.jsonl");
+    slice_file(&input, &first, 0, n - 2_000);
+    slice_file(&input, &second, n - 2_000, n);
+    let produced = setup.produce(&first) as i64;
+    let mut a = instance(&setup, "a", "a", "127.0.0.1:0", Some("3600"));
+    wait_committed(
+        &setup,
+        "longrestore-group",
+        produced,
+        "instance A to commit the history",
+    );
+    assert!(
+        a.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        a.log_text()
+    );
+    // The rest of the stream waits for B (processed once B is restored).
+    setup.publish(&second);
+    // B: empty disk, so the whole changelog is read and applied.
+    let cfg_b = setup.dir.path().join("b.toml");
+    let text = std::fs::read_to_string(&setup.config)
+        .unwrap()
+        .replace(
+            r#""session.timeout.ms" = "6000""#,
+            r#""session.timeout.ms" = "2000""#,
+        )
+        .replace(
+            r#""max.poll.interval.ms" = "6000""#,
+            r#""max.poll.interval.ms" = "2000""#,
+        );
+    assert!(text.contains(r#""max.poll.interval.ms" = "2000""#));
+    std::fs::write(&cfg_b, text).unwrap();
+    let port = free_port();
+    let state_b = setup.dir.path().join("state-b").display().to_string();
+    let listen = format!("127.0.0.1:{port}");
+    let b = Service::start_with(
+        &cfg_b,
+        setup.dir.path(),
+        "b",
+        &[
+            ("JURYSTREAM_INSTANCE_ID", "b"),
+            ("JURYSTREAM_STATE__DIR", state_b.as_str()),
+            ("JURYSTREAM_METRICS__LISTEN", listen.as_str()),
+        ],
+    );
+    let mut seen = Vec::new();
+    wait_for(
+        "B to restore and turn ready",
+        Duration::from_secs(600),
+        || {
+            let code = http_get(port, "/readyz").map(|r| r.0);
+            if let Some(c) = code {
+                if seen.last() != Some(&c) {
+                    seen.push(c);
+                }
+            }
+            (code == Some(200)).then_some(())
+        },
+    );
+    assert_eq!(seen.first(), Some(&503), "statuses seen: {seen:?}");
+    let log = b.log_text();
+    let took = last_logged(&log, "restored partitions resumed", "elapsed_ms")
+        .unwrap_or_else(|| panic!("no restore logged:\n{log}"));
+    eprintln!("restore took {took} ms");
+    assert!(
+        took > max_poll_ms,
+        "the restore took {took} ms, not longer than max.poll.interval.ms ({max_poll_ms}): \
+         make the history larger\n{log}"
+    );
+    assert!(
+        log.contains("restoring from the changelog"),
+        "progress is logged:\n{log}"
+    );
+    // B processed the rest, exactly.
+    wait_for_events(&setup, &expected, Duration::from_secs(300), &b);
+    assert_same_events(&setup, &expected);
+    // Never expelled: one assignment, no revoke, no lost partitions, no
+    // poll-interval violation.
+    let log = b.log_text();
+    assert_eq!(log.matches("partitions assigned").count(), 1, "{log}");
+    for bad in [
+        "partition revoked",
+        "partitions lost",
+        "maximum poll interval",
+        "MAX_POLL_EXCEEDED",
+    ] {
+        assert!(!log.contains(bad), "{bad}:\n{log}");
+    }
 }

@@ -13,6 +13,7 @@ use rdkafka::producer::ProducerContext;
 use rdkafka::ClientContext;
 
 use super::client::Tp;
+use super::error::ServiceError;
 use super::session::Session;
 use crate::telemetry::Metrics;
 
@@ -103,6 +104,12 @@ impl ConsumerContext for Ctx {
         };
         let mut guard = self.lock();
         let Some(s) = guard.as_mut() else { return };
+        // A restore in progress stops (its applied cycles are kept); the
+        // partitions still assigned afterwards are restored again.
+        let interrupted = s.cancel_restore();
+        s.to_restore.extend(interrupted);
+        let revoked = tps(tpl);
+        s.to_restore.retain(|tp| !revoked.contains(tp));
         if consumer.assignment_lost() {
             tracing::warn!("partitions lost: aborting the open cycle without committing");
             s.abort();
@@ -123,10 +130,10 @@ impl ConsumerContext for Ctx {
                 s.broken.get_or_insert(e);
             }
         }
-        s.release(&tps(tpl));
+        s.release(&revoked);
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let mut guard = self.lock();
         let Some(s) = guard.as_mut() else { return };
         match rebalance {
@@ -134,6 +141,15 @@ impl ConsumerContext for Ctx {
                 let tps = tps(tpl);
                 tracing::info!(partitions = ?tps, "partitions assigned");
                 s.assigned_once = true;
+                // Paused until restored (an application pause survives a
+                // revoke and reassignment, so every restore ends in resume).
+                if let Err(e) = consumer.pause(tpl) {
+                    s.broken
+                        .get_or_insert(ServiceError::kafka("pause partitions to restore", e));
+                }
+                for tp in &tps {
+                    s.unowned.remove(tp);
+                }
                 s.to_restore.extend(tps);
             }
             Rebalance::Revoke(_) => {}

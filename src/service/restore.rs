@@ -4,8 +4,16 @@
 //! session: the interrupted cycle's records are overwritten, outbox cycles
 //! not known to be delivered are reconciled, and the consumer continues at
 //! the offset the restored state records.
+//!
+//! The reading and applying runs on a thread of its own ([`RestoreJob`])
+//! while the partitions are paused, so the poll loop keeps the member in
+//! the group however long the changelog is; adoption runs on the poll
+//! loop once the thread is done.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -47,8 +55,14 @@ pub fn local_partitions(cfg: &Config) -> Vec<Tp> {
 }
 
 /// Restores partitions: each one's RocksDB, then the committed changelog
-/// cycles after its position.
-pub fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec<Restored>> {
+/// cycles after its position. Stops with a retriable error when `cancel`
+/// is set (what was applied stays applied).
+pub fn restore_partitions(
+    cfg: &Config,
+    names: &Names,
+    tps: &[Tp],
+    cancel: &AtomicBool,
+) -> Result<Vec<Restored>> {
     let started = Instant::now();
     let mut stores = Vec::new();
     for tp in tps {
@@ -59,7 +73,7 @@ pub fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec
         let from = store.position(CHANGELOG_POS)?.unwrap_or(0);
         stores.push((tp.clone(), store, from));
     }
-    let caught = catch_up(cfg, names, &stores)?;
+    let caught = catch_up(cfg, names, &stores, cancel)?;
     let mut out = Vec::new();
     for ((tp, store, _), applier) in stores.into_iter().zip(caught) {
         let (engine, stats) = store.load(cfg.engine())?;
@@ -85,7 +99,12 @@ pub fn restore_partitions(cfg: &Config, names: &Names, tps: &[Tp]) -> Result<Vec
 
 /// Applies, for every store, the committed changelog cycles from its
 /// position to the end.
-fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<Vec<CycleApplier>> {
+fn catch_up(
+    cfg: &Config,
+    names: &Names,
+    stores: &[(Tp, Store, i64)],
+    cancel: &AtomicBool,
+) -> Result<Vec<CycleApplier>> {
     let mut appliers: Vec<CycleApplier> = stores.iter().map(|_| CycleApplier::default()).collect();
     if stores.is_empty() {
         return Ok(appliers);
@@ -118,15 +137,35 @@ fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<
         *want.entry(tp.1).or_insert(0) += 1;
     }
     let mut eofs: HashMap<i32, usize> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(600);
+    // Give up only when the changelog stops delivering, never because it
+    // is long.
+    const STALLED: Duration = Duration::from_secs(300);
+    let started = Instant::now();
+    let mut last_progress = started;
+    let mut logged = started;
+    let mut records = 0u64;
     while want
         .iter()
         .any(|(p, n)| eofs.get(p).copied().unwrap_or(0) < *n)
     {
-        match consumer.poll(Duration::from_millis(500)) {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(ServiceError::broker("restore cancelled by a rebalance"));
+        }
+        if logged.elapsed() >= Duration::from_secs(2) {
+            logged = Instant::now();
+            tracing::info!(
+                partitions = stores.len(),
+                changelog_records = records,
+                elapsed_s = started.elapsed().as_secs(),
+                "restoring from the changelog"
+            );
+        }
+        match consumer.poll(Duration::from_millis(100)) {
             None => {
-                if Instant::now() > deadline {
-                    return Err(ServiceError::broker("changelog restore timed out"));
+                if last_progress.elapsed() > STALLED {
+                    return Err(ServiceError::broker(
+                        "changelog restore stalled: nothing read for 300 s",
+                    ));
                 }
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
@@ -135,6 +174,8 @@ fn catch_up(cfg: &Config, names: &Names, stores: &[(Tp, Store, i64)]) -> Result<
             }
             Some(Err(e)) => return Err(ServiceError::kafka("changelog reader", e)),
             Some(Ok(m)) => {
+                last_progress = Instant::now();
+                records += 1;
                 let Some(&i) = index.get(&(m.topic().to_owned(), m.partition())) else {
                     continue;
                 };
@@ -229,28 +270,134 @@ impl Session {
         Ok(())
     }
 
-    /// Restores and adopts `tps` (those not held already) and seeks the
-    /// consumer to their state. Polling waits meanwhile.
-    pub fn restore(&mut self, consumer: &Consumer, tps: Vec<Tp>) -> Result<()> {
-        let todo: Vec<Tp> = tps
-            .into_iter()
-            .filter(|tp| !self.parts.contains_key(tp))
-            .collect();
-        if todo.is_empty() {
-            return Ok(());
+    /// Starts restoring the queued partitions when no restore runs, and
+    /// takes a finished restore into service: adopt, seek, resume.
+    pub fn drive_restore(&mut self, consumer: &Consumer) -> Result<()> {
+        if self
+            .restoring
+            .as_ref()
+            .is_some_and(|j| j.handle.is_finished())
+        {
+            let job = self.restoring.take().expect("checked above");
+            let job_started = job.started;
+            let (tps, result) = job.join();
+            let restored = result?;
+            let started = Instant::now();
+            self.adopt(restored)?;
+            self.seek_to_state(consumer, &tps)?;
+            let mut tpl = TopicPartitionList::new();
+            for tp in &tps {
+                tpl.add_partition(&tp.0, tp.1);
+                // Restores kept no partition from polling: none was idle.
+                if let Some(p) = self.parts.get_mut(tp) {
+                    p.last_record = Instant::now();
+                }
+            }
+            consumer
+                .resume(&tpl)
+                .map_err(|e| ServiceError::kafka("resume restored partitions", e))?;
+            let secs = job_started.elapsed().as_secs_f64() / tps.len().max(1) as f64;
+            for _ in &tps {
+                self.metrics.restore_duration(secs);
+            }
+            tracing::info!(partitions = ?tps, elapsed_ms = job_started.elapsed().as_millis() as u64,
+                adopt_ms = started.elapsed().as_millis() as u64, "restored partitions resumed");
         }
-        let started = Instant::now();
-        let restored = restore_partitions(&self.cfg, &self.names, &todo)?;
-        self.adopt(restored)?;
-        self.seek_to_state(consumer, &todo)?;
-        let secs = started.elapsed().as_secs_f64() / todo.len() as f64;
-        for _ in &todo {
-            self.metrics.restore_duration(secs);
-        }
-        // Restores block polling: no partition was idle meanwhile.
-        for p in self.parts.values_mut() {
-            p.last_record = Instant::now();
+        if self.restoring.is_none() && !self.to_restore.is_empty() {
+            let mut tps = std::mem::take(&mut self.to_restore);
+            tps.sort();
+            tps.dedup();
+            tps.retain(|tp| !self.parts.contains_key(tp));
+            if !tps.is_empty() {
+                self.restoring = Some(RestoreJob::start(&self.cfg, &self.names, tps));
+            }
         }
         Ok(())
+    }
+
+    /// Stops a running restore (a rebalance): returns its partitions.
+    pub fn cancel_restore(&mut self) -> Vec<Tp> {
+        match self.restoring.take() {
+            Some(job) => {
+                job.cancel.store(true, Ordering::SeqCst);
+                let (tps, _) = job.join();
+                tps
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// A record of a partition that is not restored yet (fetched before its
+    /// pause): it will be read again. A partition without a cycle marker
+    /// continues from the consumer's position, so rewind to the record.
+    pub fn not_restored(&mut self, consumer: &Consumer, tp: &Tp, offset: i64) {
+        let queued = self.restoring.as_ref().is_some_and(|j| j.tps.contains(tp))
+            || self.to_restore.contains(tp);
+        if !queued {
+            let assigned = consumer
+                .assignment()
+                .is_ok_and(|a| a.find_partition(&tp.0, tp.1).is_some());
+            if !assigned {
+                tracing::debug!(topic = %tp.0, partition = tp.1, offset, "record of a partition not assigned: ignored");
+                return;
+            }
+            self.unowned.remove(tp);
+            self.to_restore.push(tp.clone());
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&tp.0, tp.1);
+        if let Err(e) = consumer.pause(&tpl) {
+            self.broken
+                .get_or_insert(ServiceError::kafka("pause a partition", e));
+        }
+        if let Err(e) = consumer.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::from_secs(10))
+        {
+            self.broken.get_or_insert(ServiceError::kafka(
+                "seek back a partition being restored",
+                e,
+            ));
+        }
+    }
+}
+
+/// A restore running on its own thread.
+pub struct RestoreJob {
+    pub tps: Vec<Tp>,
+    cancel: Arc<AtomicBool>,
+    handle: JoinHandle<Result<Vec<Restored>>>,
+    started: Instant,
+}
+
+impl RestoreJob {
+    fn start(cfg: &Config, names: &Names, tps: Vec<Tp>) -> RestoreJob {
+        tracing::info!(partitions = ?tps, "restoring partition state (partitions paused meanwhile)");
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (cfg, names, todo, flag) = (cfg.clone(), names.clone(), tps.clone(), cancel.clone());
+        let handle = std::thread::Builder::new()
+            .name("restore".into())
+            .spawn(move || restore_partitions(&cfg, &names, &todo, &flag))
+            .expect("cannot start the restore thread");
+        RestoreJob {
+            tps,
+            cancel,
+            handle,
+            started: Instant::now(),
+        }
+    }
+
+    fn join(self) -> (Vec<Tp>, Result<Vec<Restored>>) {
+        let result = self
+            .handle
+            .join()
+            .unwrap_or_else(|_| Err(ServiceError::internal("the restore thread panicked")));
+        (self.tps, result)
+    }
+}
+
+impl Drop for Session {
+    /// A session never outlives its restore thread (which holds the
+    /// partitions' databases open).
+    fn drop(&mut self) {
+        self.cancel_restore();
     }
 }

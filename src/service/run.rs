@@ -171,6 +171,7 @@ fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics
                 .map(|tp| (tp, Instant::now()))
                 .collect(),
             to_restore: Vec::new(),
+            restoring: None,
             deadline: None,
         })),
         metrics: metrics.clone(),
@@ -225,14 +226,14 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         if let Some(e) = s.broken.take() {
             return Err(e);
         }
-        let restoring = std::mem::take(&mut s.to_restore);
-        if !restoring.is_empty() {
-            s.metrics.set_ready(false);
-            s.restore(consumer, restoring)?;
-        }
+        // Restores run on their own thread with their partitions paused:
+        // this loop keeps polling (the member stays in the group) and
+        // serving the partitions it has.
+        s.drive_restore(consumer)?;
         let drained = msg.is_none();
-        if s.assigned_once && s.to_restore.is_empty() && !s.metrics.is_ready() {
-            s.metrics.set_ready(true);
+        let restored = s.to_restore.is_empty() && s.restoring.is_none();
+        if s.assigned_once && restored != s.metrics.is_ready() {
+            s.metrics.set_ready(restored);
         }
         match msg {
             None => {}
@@ -244,10 +245,13 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
             }
             Some(Ok(m)) => {
                 let tp: Tp = (m.topic().to_owned(), m.partition());
-                if !s.parts.contains_key(&tp) {
-                    s.restore(consumer, vec![tp.clone()])?;
+                if s.parts.contains_key(&tp) {
+                    s.handle(&tp, m.offset(), m.key(), m.payload())?;
+                } else {
+                    // Fetched before its pause took effect: read again
+                    // from here (or the state's offset) once restored.
+                    s.not_restored(consumer, &tp, m.offset());
                 }
-                s.handle(&tp, m.offset(), m.key(), m.payload())?;
             }
         }
         s.cleanup_unowned();

@@ -112,8 +112,10 @@ pub struct Session {
     pub assigned_once: bool,
     /// Local partition databases not owned now, and since when.
     pub unowned: HashMap<Tp, Instant>,
-    /// Assigned partitions whose state is still to be restored.
+    /// Assigned partitions whose state is still to be restored (paused).
     pub to_restore: Vec<Tp>,
+    /// The restore running off the poll loop, if any.
+    pub restoring: Option<super::restore::RestoreJob>,
     /// While partitions are handed over: when the open cycle must be
     /// finished (or aborted) by. Outside a rebalance each step of a cycle
     /// may take [`CYCLE_STEP_TIMEOUT`].

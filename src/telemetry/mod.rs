@@ -41,6 +41,7 @@ pub const LAST_SCORE_UPDATE: &str = "jurystream_last_score_update_timestamp_seco
 pub const BATCH_VOTES: &str = "jurystream_batch_votes";
 pub const BATCH_VARIANCE: &str = "jurystream_batch_variance";
 pub const OPEN_BATCHES: &str = "jurystream_open_batches";
+pub const CACHE_BYTES: &str = "jurystream_state_cache_bytes";
 pub const WATERMARK: &str = "jurystream_watermark_timestamp_seconds";
 pub const CONSUMER_LAG: &str = "jurystream_consumer_lag_messages";
 pub const COMMIT_DURATION: &str = "jurystream_commit_duration_seconds";
@@ -94,8 +95,8 @@ struct Partitions {
     /// The engine counters already folded in, per partition (kept when a
     /// partition goes away: its counts stay).
     folded: HashMap<String, Counters>,
-    /// Open batches per partition; the gauge is their sum.
-    open: HashMap<String, u64>,
+    /// Open batches and cache bytes per partition; the gauges are sums.
+    open: HashMap<String, (u64, u64)>,
 }
 
 /// The process's metrics. Cheap to share (`Arc`). Counters and histograms
@@ -113,6 +114,7 @@ pub struct Metrics {
     batch_votes: Histogram,
     batch_variance: Histogram,
     open_batches: IntGauge,
+    cache_bytes: IntGauge,
     watermark: GaugeFamily,
     lag: GaugeFamily,
     commit: Histogram,
@@ -183,6 +185,11 @@ impl Metrics {
             "Batches open (waiting for their window to close).",
         ))
         .expect("valid metric");
+        let cache_bytes = IntGauge::with_opts(Opts::new(
+            CACHE_BYTES,
+            "Approximate bytes of series states and vote identities cached in memory (state.cache_mb bounds it).",
+        ))
+        .expect("valid metric");
         let watermark = GaugeFamily::new(
             WATERMARK,
             "Event-time watermark per input partition (Unix seconds).",
@@ -219,6 +226,7 @@ impl Metrics {
         register(&registry, batch_votes.clone());
         register(&registry, batch_variance.clone());
         register(&registry, open_batches.clone());
+        register(&registry, cache_bytes.clone());
         register(&registry, watermark.clone());
         register(&registry, lag.clone());
         register(&registry, commit.clone());
@@ -237,6 +245,7 @@ impl Metrics {
             batch_votes,
             batch_variance,
             open_batches,
+            cache_bytes,
             watermark,
             lag,
             commit,
@@ -265,6 +274,7 @@ impl Metrics {
         partition: &str,
         c: &Counters,
         open_batches: usize,
+        cache_bytes: usize,
         watermark: Option<i128>,
     ) {
         let mut g = lock(&self.partitions);
@@ -283,13 +293,14 @@ impl Metrics {
                 g.folded.insert(partition.to_owned(), *c);
             }
         }
+        let now = (open_batches as u64, cache_bytes as u64);
         match g.open.get_mut(partition) {
-            Some(n) => *n = open_batches as u64,
+            Some(n) => *n = now,
             None => {
-                g.open.insert(partition.to_owned(), open_batches as u64);
+                g.open.insert(partition.to_owned(), now);
             }
         }
-        self.open_batches.set(g.open.values().sum::<u64>() as i64);
+        self.set_partition_sums(&g);
         if let Some(wm) = watermark {
             self.watermark.set(&[partition], wm as f64 / 1e9);
         }
@@ -297,14 +308,29 @@ impl Metrics {
 
     /// [`Metrics::engine_counters`] for one partition's engine.
     pub fn observe_engine(&self, partition: &str, e: &crate::engine::Engine) {
-        self.engine_counters(partition, &e.counters, e.open_batches(), e.watermark());
+        self.engine_counters(
+            partition,
+            &e.counters,
+            e.open_batches(),
+            e.cache_bytes(),
+            e.watermark(),
+        );
+    }
+
+    fn set_partition_sums(&self, g: &Partitions) {
+        let (open, cache) = g
+            .open
+            .values()
+            .fold((0, 0), |(a, b), (o, c)| (a + o, b + c));
+        self.open_batches.set(open as i64);
+        self.cache_bytes.set(cache as i64);
     }
 
     /// A partition went away (revoked): its gauges go, its counts stay.
     pub fn forget_partition(&self, partition: &str) {
         let mut g = lock(&self.partitions);
         g.open.remove(partition);
-        self.open_batches.set(g.open.values().sum::<u64>() as i64);
+        self.set_partition_sums(&g);
         self.watermark.remove(&[partition]);
     }
 

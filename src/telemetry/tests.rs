@@ -145,6 +145,7 @@ const SPEC: &[(&str, MetricType, &[&str])] = &[
     (BATCH_VOTES, MetricType::HISTOGRAM, &[]),
     (BATCH_VARIANCE, MetricType::HISTOGRAM, &[]),
     (OPEN_BATCHES, MetricType::GAUGE, &[]),
+    (CACHE_BYTES, MetricType::GAUGE, &[]),
     (WATERMARK, MetricType::GAUGE, &[PARTITION]),
     (CONSUMER_LAG, MetricType::GAUGE, &[TOPIC, PARTITION]),
     (COMMIT_DURATION, MetricType::HISTOGRAM, &[]),
@@ -175,9 +176,10 @@ fn exposition_has_every_spec_metric() {
             ..Default::default()
         },
         2,
+        50,
         Some(1_700_000_000_000_000_000),
     );
-    m.engine_counters("votes-1", &Counters::default(), 3, Some(0));
+    m.engine_counters("votes-1", &Counters::default(), 3, 100, Some(0));
     m.consumer_lag("votes", 0, 7);
     m.commit_duration(0.02);
     m.restore_duration(1.5);
@@ -301,6 +303,7 @@ fn exposition_has_every_spec_metric() {
     assert_eq!(samples[VOTES_ACCEPTED][0].1, 3.0);
     assert_eq!(samples[ABSTENTIONS][0].1, 1.0);
     assert_eq!(samples[OPEN_BATCHES][0].1, 5.0, "sum over partitions");
+    assert_eq!(samples[CACHE_BYTES][0].1, 150.0, "sum over partitions");
     assert_eq!(samples[BUILD_INFO][0].1, 1.0);
     assert_eq!(
         samples[BUILD_INFO][0].0["version"],
@@ -329,9 +332,9 @@ fn engine_counters_fold_deltas() {
         accepted: 5,
         ..Default::default()
     };
-    m.engine_counters("p", &c, 0, None);
+    m.engine_counters("p", &c, 0, 0, None);
     c.accepted = 7;
-    m.engine_counters("p", &c, 0, None);
-    m.engine_counters("q", &c, 0, None);
+    m.engine_counters("p", &c, 0, 0, None);
+    m.engine_counters("q", &c, 0, 0, None);
     assert!(m.render().contains("jurystream_votes_accepted_total 14\n"));
 }
