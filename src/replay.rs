@@ -13,10 +13,11 @@ use crate::output::{processed_at, score_update_events, vote_rejected_json, Sourc
 use crate::state::Store;
 use crate::time::wall_clock;
 
-/// Pending changes (series, batches, identities) that trigger a write to
-/// the state store even when the cache is within its budget, so that the
-/// engine's change log stays bounded too.
-const WRITE_EVERY_CHANGES: usize = 200_000;
+/// Pending changes (series, batches, identities) above which the engine's
+/// change list is pruned of batches that closed unwritten. The rest of it
+/// is bounded by the cache (dirty entries count against it) and the open
+/// batches: the state is written only when the cache is full, or at the end.
+const PRUNE_AT: usize = 200_000;
 
 /// Options of one replay run.
 pub struct ReplayOptions<'a> {
@@ -311,9 +312,10 @@ impl Shell<'_> {
     }
 
     fn make_room(&mut self) -> Result<()> {
-        if self.engine.cache_bytes() > self.budget
-            || self.engine.pending_changes() > WRITE_EVERY_CHANGES
-        {
+        if self.engine.pending_changes() > PRUNE_AT {
+            self.engine.forget_closed_batches();
+        }
+        if self.engine.cache_bytes() > self.budget {
             self.store.write_bulk(self.engine, self.persist)?;
             self.engine.evict(self.budget);
         }

@@ -154,7 +154,19 @@ impl Engine {
 
     /// Changes not drained yet (series, batches, identities).
     pub fn pending_changes(&self) -> usize {
-        self.dirty_series.len() + self.dirty_batches.len() + self.dirty_dedupe.len()
+        self.dirty_series.len()
+            + self.dirty_batches.len()
+            + self.deleted_batches.len()
+            + self.dirty_dedupe.len()
+    }
+
+    /// Drops the pending-change entries of batches opened and closed since
+    /// the last drain (they will never reach the store), so that a shell
+    /// that drains seldom (replay within its cache) keeps that list bounded
+    /// by the open batches.
+    pub fn forget_closed_batches(&mut self) {
+        let batches = &self.batches;
+        self.dirty_batches.retain(|k| batches.contains_key(k));
     }
 
     /// Whether nothing needs loading (see [`Engine::wants`]).

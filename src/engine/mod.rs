@@ -126,6 +126,11 @@ pub struct Batch {
     pub counted: u32,
     #[serde(skip)]
     dirty: bool,
+    /// Whether the store holds a version of this batch (so that closing it
+    /// needs a delete; a batch opened and closed between two writes never
+    /// reaches the store at all).
+    #[serde(skip)]
+    stored: bool,
 }
 
 /// Partition-wide values.
@@ -212,6 +217,8 @@ pub struct Engine {
     dedupe: FxHashMap<u128, IdentityEntry>,
     dirty_series: Vec<SeriesKey>,
     dirty_batches: Vec<BatchKey>,
+    /// Closed batches the store holds.
+    deleted_batches: Vec<BatchKey>,
     dirty_dedupe: Vec<u128>,
     meta_dirty: bool,
     /// Approximate bytes of the cached series and identities.
@@ -236,6 +243,7 @@ impl Engine {
             dedupe: FxHashMap::default(),
             dirty_series: Vec::new(),
             dirty_batches: Vec::new(),
+            deleted_batches: Vec::new(),
             dirty_dedupe: Vec::new(),
             meta_dirty: false,
             cache_bytes: 0,
@@ -267,7 +275,7 @@ impl Engine {
             if let Some(s) = e.series.get_mut(&k.series) {
                 s.pins += 1;
             }
-            e.batches.insert(k, b);
+            e.batches.insert(k, Batch { stored: true, ..b });
         }
         e
     }
@@ -450,8 +458,8 @@ impl Engine {
         let Some(batch) = self.batches.remove(key) else {
             return;
         };
-        if !batch.dirty {
-            self.dirty_batches.push(key.clone());
+        if batch.stored {
+            self.deleted_batches.push(key.clone());
         }
         let open_key = (key.series.clone(), key.window_start);
         if self.open.get(&open_key) == Some(&key.seq) {
@@ -564,13 +572,15 @@ impl Engine {
             }
         }
         for k in self.dirty_batches.drain(..) {
-            match self.batches.get_mut(&k) {
-                Some(b) => {
-                    b.dirty = false;
-                    sink(Change::Batch(&k, Some(b)));
-                }
-                None => sink(Change::Batch(&k, None)),
+            // A batch closed since is deleted below if the store has it.
+            if let Some(b) = self.batches.get_mut(&k) {
+                b.dirty = false;
+                b.stored = true;
+                sink(Change::Batch(&k, Some(b)));
             }
+        }
+        for k in self.deleted_batches.drain(..) {
+            sink(Change::Batch(&k, None));
         }
         for id in self.dirty_dedupe.drain(..) {
             if let Some(e) = self.dedupe.get_mut(&id) {
