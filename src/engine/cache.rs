@@ -41,21 +41,30 @@ pub(super) struct IdentityEntry {
     pub used: u64,
 }
 
-/// Approximate memory of a cached identity: key, entry and the hash table's
-/// share (load factor 7/8, one control byte).
-pub(super) const IDENTITY_BYTES: usize = 16 + std::mem::size_of::<IdentityEntry>() + 16;
+/// A hash table slot costs its size plus a control byte, divided by the
+/// load factor: between 7/16 and 7/8 as the table doubles, about 2/3 on
+/// average; tables are shrunk after an eviction.
+const fn slot(bytes: usize) -> usize {
+    (bytes + 1) * 3 / 2
+}
 
-/// Approximate memory of a cached series: the key's two strings (shared
-/// with open batches, counted once here), the entry and the table's share.
+/// A heap block: the allocator's header and rounding to 16 bytes.
+const fn block(bytes: usize) -> usize {
+    8 + bytes.div_ceil(16) * 16
+}
+
+/// Approximate memory of a cached identity: its hash table slot.
+pub(super) const IDENTITY_BYTES: usize = slot(16 + std::mem::size_of::<IdentityEntry>());
+
+/// Approximate memory of a cached series: its slot and the heap blocks of
+/// the key's two strings (shared with open batches, counted here) and of
+/// the model id.
 pub(super) fn series_bytes(inference_id: &str, voter_prompt_id: &str, s: &SeriesState) -> usize {
     const ARC_HEADER: usize = 16;
-    2 * ARC_HEADER
-        + inference_id.len()
-        + voter_prompt_id.len()
-        + std::mem::size_of::<SeriesEntry>()
-        + std::mem::size_of::<SeriesKey>()
-        + s.model_id.as_ref().map_or(0, |m| m.len())
-        + 16
+    slot(std::mem::size_of::<SeriesKey>() + std::mem::size_of::<SeriesEntry>())
+        + block(ARC_HEADER + inference_id.len())
+        + block(ARC_HEADER + voter_prompt_id.len())
+        + s.model_id.as_ref().map_or(0, |m| block(m.len()))
 }
 
 /// The eviction target for a cache over `budget`.
@@ -212,6 +221,10 @@ impl Engine {
             self.complete = false;
         }
         self.cache_bytes -= freed.min(self.cache_bytes);
+        // Give the freed slots back: a table keeps its peak capacity
+        // otherwise, and memory would follow the peak, not the budget.
+        self.series.shrink_to_fit();
+        self.dedupe.shrink_to_fit();
         if self.series.is_empty() && self.dedupe.is_empty() {
             self.cache_bytes = 0;
         }
@@ -241,7 +254,7 @@ impl Engine {
                 e.used = tick;
                 if e.state.model_id.is_none() && model_id.is_some() {
                     e.state.model_id = model_id.map(Into::into);
-                    self.cache_bytes += model_id.map_or(0, str::len);
+                    self.cache_bytes += model_id.map_or(0, |m| block(m.len()));
                     true
                 } else {
                     false
