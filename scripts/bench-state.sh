@@ -10,7 +10,8 @@
 #    (copied into its state.dir) on the test broker: time from start to
 #    /readyz = 200, and its RSS then.
 # JURYSTREAM_BIN=PATH measures that binary instead of building one;
-# CACHE_MB sets state.cache_mb (default: the configuration's default, 64).
+# CACHE_MB sets state.cache_mb (default: the configuration's default, 64);
+# REUSE_STATE=1 skips steps 2 and 3 when the state of an earlier run exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000000}"
@@ -25,20 +26,22 @@ CONFIG="$WORK/state-bench.toml"
 : > "$CONFIG"
 [ -z "${CACHE_MB:-}" ] || printf '[state]\ncache_mb = %s\n' "$CACHE_MB" > "$CONFIG"
 
-measure() { # label cmd...
+measure() { # label cmd... (events are discarded: a long history prints gigabytes)
     local label="$1"; shift
-    /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > "$WORK/$label.out" 2> "$WORK/$label.err" \
+    /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > /dev/null 2> "$WORK/$label.err" \
         || { echo "$label failed:"; tail -5 "$WORK/$label.err"; exit 1; }
     read -r secs kb < "$WORK/time.txt"
     printf '%-28s %8.2f s   peak RSS %6.0f MiB\n' "$label" "$secs" "$((kb / 1024))"
 }
 
 STATE="$WORK/state-$N"
+if [ "${REUSE_STATE:-0}" = 1 ] && [ -d "$STATE" ]; then
+    echo "reusing $STATE"
+else
 rm -rf "$STATE"
 cat "$HIST" > /dev/null # page cache
 echo "history: $(wc -l < "$HIST") votes, $N inferences ($HIST)"
 measure "replay --state-dir" "$BIN" replay --config "$CONFIG" --input "$HIST" --state-dir "$STATE"
-echo "events printed: $(wc -l < "$WORK/replay --state-dir.out")"
 echo "state size: $(du -sh "$STATE" | cut -f1)"
 for i in 1 2 3; do
     python3 scripts/gen-history.py --after "$HIST" --out "$WORK/one.jsonl"
@@ -46,6 +49,7 @@ for i in 1 2 3; do
     sed -i "s/inf-99999999/inf-9999999$i/; s/v-999999999/v-99999999$i/" "$WORK/one.jsonl"
     measure "one more vote, run $i" "$BIN" replay --config "$CONFIG" --input "$WORK/one.jsonl" --state-dir "$STATE"
 done
+fi
 
 [ "${BROKER:-0}" = 1 ] || exit 0
 PORT="${BENCH_PORT:-19193}"
