@@ -316,8 +316,19 @@ impl Shell<'_> {
             self.engine.forget_closed_batches();
         }
         if self.engine.cache_bytes() > self.budget {
+            let (before, pending) = (self.engine.cache_bytes(), self.engine.pending_changes());
+            let started = Instant::now();
             self.store.write_bulk(self.engine, self.persist)?;
+            let written = started.elapsed();
             self.engine.evict(self.budget);
+            tracing::debug!(
+                cache_bytes = before,
+                after = self.engine.cache_bytes(),
+                pending,
+                write_ms = written.as_millis() as u64,
+                evict_ms = (started.elapsed() - written).as_millis() as u64,
+                "state written, cache evicted"
+            );
         }
         Ok(())
     }
