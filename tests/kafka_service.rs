@@ -848,6 +848,22 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, text))
 }
 
+/// Polls `/readyz` until it answers 200; returns the distinct statuses seen,
+/// in order.
+fn wait_ready(port: u16, deadline: Duration) -> Vec<u16> {
+    let mut seen = Vec::new();
+    wait_for("/readyz to turn 200", deadline, || {
+        let code = http_get(port, "/readyz").map(|r| r.0);
+        if let Some(c) = code {
+            if seen.last() != Some(&c) {
+                seen.push(c);
+            }
+        }
+        (code == Some(200)).then_some(())
+    });
+    seen
+}
+
 #[test]
 fn readyz_is_503_until_the_assigned_state_is_restored() {
     let _g = serial();
@@ -874,18 +890,7 @@ fn readyz_is_503_until_the_assigned_state_is_restored() {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let b = instance(&setup, "b", "b", &listen, Some("3600"));
-    let mut seen = Vec::new();
-    wait_for("/readyz to turn 200", Duration::from_secs(120), || {
-        if let Some((code, _)) = http_get(port, "/readyz") {
-            if seen.last() != Some(&code) {
-                seen.push(code);
-            }
-            if code == 200 {
-                return Some(());
-            }
-        }
-        None
-    });
+    let seen = wait_ready(port, Duration::from_secs(120));
     assert_eq!(seen.first(), Some(&503), "statuses seen: {seen:?}");
     assert_eq!(seen.last(), Some(&200));
     assert_eq!(http_get(port, "/healthz").map(|r| r.0), Some(200));
@@ -976,20 +981,7 @@ fn a_restore_longer_than_max_poll_interval_keeps_the_member_in_the_group() {
             ("JURYSTREAM_METRICS__LISTEN", listen.as_str()),
         ],
     );
-    let mut seen = Vec::new();
-    wait_for(
-        "B to restore and turn ready",
-        Duration::from_secs(600),
-        || {
-            let code = http_get(port, "/readyz").map(|r| r.0);
-            if let Some(c) = code {
-                if seen.last() != Some(&c) {
-                    seen.push(c);
-                }
-            }
-            (code == Some(200)).then_some(())
-        },
-    );
+    let seen = wait_ready(port, Duration::from_secs(600));
     assert_eq!(seen.first(), Some(&503), "statuses seen: {seen:?}");
     let log = b.log_text();
     let took = last_logged(&log, "restored partitions resumed", "elapsed_ms")

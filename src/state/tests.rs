@@ -1,0 +1,120 @@
+use super::*;
+
+#[test]
+fn series_keys_round_trip_and_prefix_by_inference() {
+    let k = SeriesKey {
+        inference_id: "a\u{0}b".into(),
+        voter_prompt_id: "rubric".into(),
+    };
+    let bytes = series_key_bytes(&k);
+    assert_eq!(parse_series_key(&bytes), Some(k.clone()));
+    assert!(bytes.starts_with(&series_prefix("a\u{0}b")));
+    // "a" must not prefix-match the series of "a\0b".
+    assert!(!bytes.starts_with(&series_prefix("a")));
+}
+
+fn id_record(id: u128, at: Nanos) -> Record {
+    (identity_key(id), Some(at.to_le_bytes().to_vec()))
+}
+
+fn keys(store: &Store, prefix: &[u8]) -> usize {
+    store.prefix(prefix).count()
+}
+
+#[test]
+fn time_index_keys_sort_by_vote_time_including_negative_times() {
+    let id = [0u8; 16];
+    let ts = [-5 * 10i128.pow(18), -1, 0, 1, 10i128.pow(18)];
+    for w in ts.windows(2) {
+        assert!(time_index_key(w[0], &id) < time_index_key(w[1], &id));
+    }
+}
+
+#[test]
+fn sweep_forgets_identities_past_the_horizon_and_skips_reused_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    // 1 and 2 old, 3 new; 2 accepted again later (its old index entry is stale).
+    store
+        .apply(
+            &[id_record(1, 10), id_record(2, 20), id_record(3, 100)],
+            &[],
+        )
+        .unwrap();
+    store.apply(&[id_record(2, 90)], &[]).unwrap();
+    assert_eq!(keys(&store, b"t"), 4);
+    let swept = store.sweep(50, usize::MAX).unwrap();
+    // d1 and t1 deleted; for 2 only the stale index entry goes.
+    assert_eq!(swept.len(), 3);
+    assert!(swept.iter().all(|(_, v)| v.is_none()));
+    assert!(swept.contains(&(identity_key(1), None)));
+    assert!(!swept.contains(&(identity_key(2), None)));
+    store.apply(&swept, &[]).unwrap();
+    assert_eq!(keys(&store, b"d"), 2);
+    assert_eq!(keys(&store, b"t"), 2);
+    assert!(store.sweep(50, usize::MAX).unwrap().is_empty());
+    // The limit bounds one call's work.
+    assert_eq!(store.sweep(1000, 1).unwrap().len(), 2);
+    // An identity put with a vote time before where the sweep got to
+    // (a retention shorter than a window) is still found.
+    store.apply(&[id_record(4, 5)], &[]).unwrap();
+    let swept = store.sweep(50, usize::MAX).unwrap();
+    assert!(swept.contains(&(identity_key(4), None)), "{swept:?}");
+}
+
+#[test]
+fn an_old_directory_gets_its_time_index_once() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        // As a format-1 directory: identities without index entries.
+        let mut wb = WriteBatch::default();
+        for (k, v) in [id_record(1, 10), id_record(2, 20)] {
+            wb.put(k, v.unwrap());
+        }
+        wb.delete(position_key(FORMAT));
+        store.db.write(wb).unwrap();
+        assert_eq!(keys(&store, b"t"), 0);
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(keys(&store, b"t"), 2);
+    assert_eq!(store.position(FORMAT).unwrap(), Some(FORMAT_VERSION));
+    assert_eq!(store.sweep(15, usize::MAX).unwrap().len(), 2);
+}
+
+#[test]
+fn load_reads_open_batches_and_their_series_only() {
+    let cfg = crate::config::Config::load(None).unwrap().engine();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let (mut engine, stats) = store.load(cfg.clone()).unwrap();
+    assert!(engine.is_complete());
+    assert_eq!(stats.series, 0);
+    let opts = crate::config::Config::load(None).unwrap().decode_options();
+    let mut out = Vec::new();
+    for line in [
+        r#"{"inference_id":"a","voter_id":"v","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:00:00Z"}"#,
+        r#"{"inference_id":"b","voter_id":"v","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:10:00Z"}"#,
+    ] {
+        let v = crate::input::decode_vote(line.as_bytes(), &opts).unwrap();
+        engine.process(&v, &mut out);
+    }
+    store.write_bulk(&mut engine, true).unwrap();
+    let (engine, stats) = store.load(cfg).unwrap();
+    // Series "a" was scored and closed: it stays on disk.
+    assert_eq!((stats.series, stats.batches), (1, 1));
+    assert_eq!(engine.cached(), (1, 0));
+    assert!(!engine.is_complete());
+    // A vote on "a" wants its series and identity from the store.
+    let v = crate::input::decode_vote(
+        br#"{"inference_id":"a","voter_id":"v","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:00:00Z"}"#,
+        &opts,
+    )
+    .unwrap();
+    let wants = engine.wants(&v);
+    assert!(wants.series.is_some() && wants.identity.is_some());
+    let mut engine = engine;
+    store.provide(&mut engine, &[wants]).unwrap();
+    assert_eq!(engine.cached(), (2, 1));
+    assert_eq!(engine.wants(&v), Wants::default());
+}
