@@ -10,7 +10,7 @@ use crate::config::Config;
 use crate::engine::{Engine, Outcome, ScoreUpdate, Wants};
 use crate::input::{decode_vote, dlq_payload, DecodeOptions, Rejection, Vote};
 use crate::output::{processed_at, score_update_events, vote_rejected_json, Source};
-use crate::state::Store;
+use crate::state::{BulkWrite, Loaded, Store, StoreError};
 use crate::time::wall_clock;
 
 /// Pending changes (series, batches, identities) above which the engine's
@@ -157,7 +157,10 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
             tmp.path().to_owned()
         }
     };
-    let store = Store::open(&dir)?;
+    let store = match opts.state_dir {
+        Some(_) => Store::open(&dir)?,
+        None => Store::open_temporary(&dir)?,
+    };
     let (mut engine, stats) = store.load(cfg.engine())?;
     if opts.state_dir.is_some() && !engine.is_complete() {
         tracing::info!(
@@ -185,6 +188,9 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
         store: &store,
         budget: cfg.cache_bytes(),
         persist,
+        evictions: 0,
+        load_time: Duration::ZERO,
+        wait_time: Duration::ZERO,
     };
     let summary = process_lines(
         BufReader::with_capacity(1 << 20, file),
@@ -193,6 +199,11 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
         &mut w,
         total_bytes,
     )?;
+    tracing::debug!(
+        load_ms = shell.load_time.as_millis() as u64,
+        wait_ms = shell.wait_time.as_millis() as u64,
+        "replay: time waiting for the state store (reads; its writer thread)"
+    );
     let mut updates = Vec::new();
     if !opts.keep_open {
         engine.close_all(&mut updates);
@@ -285,21 +296,87 @@ fn read_chunks<R: Read>(
 }
 
 /// The engine and its state store: loads what a chunk needs before it, and
-/// writes and evicts after it when the cache is over its budget.
+/// writes and evicts after it when the cache is over its budget. Reads and
+/// writes run on their own threads ([`Workers`]) while the engine goes on.
 struct Shell<'a> {
     engine: &'a mut Engine,
     store: &'a Store,
     budget: usize,
     /// A --state-dir (identities past the retention are swept from it).
     persist: bool,
+    /// Evictions so far (see [`Workers`]).
+    evictions: u64,
+    /// Time spent reading from the store on the engine's thread, and
+    /// waiting for its writer (debug log).
+    load_time: Duration,
+    wait_time: Duration,
+}
+
+/// The store's reader and writer threads.
+///
+/// The writer writes a drained bulk while the engine goes on; the engine
+/// evicts what it wrote once it is done. The reader reads what the next
+/// chunk needs while the engine processes this one. Its values are current
+/// unless the engine evicted meanwhile: a key the cache lacked when the
+/// read was asked for had been evicted after its last write completed, and
+/// one cached since then wins over the read value. After an eviction the
+/// shell drops the read and reads on its own thread instead.
+struct Workers {
+    write: std::sync::mpsc::SyncSender<BulkWrite>,
+    written: std::sync::mpsc::Receiver<Result<(), StoreError>>,
+    /// Writes sent, and those whose result the shell has taken (one at
+    /// most is in flight).
+    writes_sent: u64,
+    writes_taken: u64,
+    read: std::sync::mpsc::SyncSender<Vec<Wants>>,
+    loaded: std::sync::mpsc::Receiver<Result<Loaded, StoreError>>,
+    /// A read in flight: the shell's eviction count when it was asked for.
+    read_asked: Option<u64>,
+}
+
+impl Workers {
+    fn start<'s>(scope: &'s std::thread::Scope<'s, '_>, store: &'s Store) -> Workers {
+        let (write, rx) = std::sync::mpsc::sync_channel::<BulkWrite>(1);
+        let (done_tx, written) = std::sync::mpsc::sync_channel(1);
+        scope.spawn(move || {
+            for bulk in rx {
+                if done_tx.send(store.write_prepared(bulk)).is_err() {
+                    return;
+                }
+            }
+        });
+        let (read, rx) = std::sync::mpsc::sync_channel::<Vec<Wants>>(1);
+        let (loaded_tx, loaded) = std::sync::mpsc::sync_channel(1);
+        scope.spawn(move || {
+            for wants in rx {
+                if loaded_tx.send(store.read(&wants)).is_err() {
+                    return;
+                }
+            }
+        });
+        Workers {
+            write,
+            written,
+            writes_sent: 0,
+            writes_taken: 0,
+            read,
+            loaded,
+            read_asked: None,
+        }
+    }
+}
+
+fn stopped(what: &str) -> anyhow::Error {
+    anyhow::anyhow!("the state {what} thread stopped")
 }
 
 impl Shell<'_> {
-    fn load(&mut self, chunk: &Chunk, wants: &mut Vec<Wants>) -> Result<()> {
-        if self.engine.is_complete() {
-            return Ok(());
-        }
+    /// What `chunk` needs from the store and the cache lacks.
+    fn wants(&self, chunk: &Chunk, wants: &mut Vec<Wants>) {
         wants.clear();
+        if self.engine.is_complete() {
+            return;
+        }
         let none = Wants::default();
         for vote in chunk.decoded.iter().flatten() {
             let w = self.engine.wants(vote);
@@ -307,29 +384,91 @@ impl Shell<'_> {
                 wants.push(w);
             }
         }
-        self.store.provide(self.engine, wants)?;
+    }
+
+    /// Asks the reader thread for what `chunk` needs (it runs while the
+    /// engine processes the chunk before it).
+    fn prefetch(&mut self, workers: &mut Workers, chunk: &Chunk) -> Result<()> {
+        let mut wants = Vec::new();
+        self.wants(chunk, &mut wants);
+        if wants.is_empty() {
+            return Ok(());
+        }
+        workers.read.send(wants).map_err(|_| stopped("reader"))?;
+        workers.read_asked = Some(self.evictions);
         Ok(())
     }
 
-    fn make_room(&mut self) -> Result<()> {
+    /// Loads what `chunk` needs: the prefetched values if no eviction
+    /// happened since they were asked for; otherwise reads on this thread.
+    fn load(&mut self, workers: &mut Workers, chunk: &Chunk, wants: &mut Vec<Wants>) -> Result<()> {
+        if let Some(asked) = workers.read_asked.take() {
+            let loaded = workers.loaded.recv().map_err(|_| stopped("reader"))??;
+            if asked == self.evictions {
+                loaded.provide(self.engine);
+                return Ok(());
+            }
+        }
+        self.wants(chunk, wants);
+        if wants.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        self.store.provide(self.engine, wants)?;
+        self.load_time += started.elapsed();
+        Ok(())
+    }
+
+    /// Waits for the write in flight (if any; or only takes its result
+    /// when it is done, without `block`), then evicts what it wrote and
+    /// is least recently used.
+    fn finish_write(&mut self, workers: &mut Workers, block: bool) -> Result<bool> {
+        if workers.writes_sent == workers.writes_taken {
+            return Ok(true);
+        }
+        let started = Instant::now();
+        let result = if block {
+            Some(workers.written.recv().map_err(|_| stopped("writer"))?)
+        } else {
+            workers.written.try_recv().ok()
+        };
+        self.wait_time += started.elapsed();
+        let Some(result) = result else {
+            return Ok(false);
+        };
+        result?;
+        workers.writes_taken += 1;
+        self.evictions += 1;
+        // Over two thirds of the budget, down to half of it.
+        self.engine.evict(self.budget - self.budget / 3);
+        Ok(true)
+    }
+
+    /// Keeps the cache within its budget: once it is three quarters full,
+    /// its changes go to the writer thread while the engine goes on, and
+    /// once they are written the least recently used entries are evicted
+    /// down to half the budget. The engine waits for the write only if the
+    /// cache reaches its budget meanwhile.
+    fn make_room(&mut self, workers: &mut Workers) -> Result<()> {
         if self.engine.pending_changes() > PRUNE_AT {
             self.engine.forget_closed_batches();
         }
-        if self.engine.cache_bytes() > self.budget {
-            let (before, pending) = (self.engine.cache_bytes(), self.engine.pending_changes());
-            let started = Instant::now();
-            self.store.write_bulk(self.engine, self.persist)?;
-            let written = started.elapsed();
-            self.engine.evict(self.budget);
-            tracing::debug!(
-                cache_bytes = before,
-                after = self.engine.cache_bytes(),
-                pending,
-                write_ms = written.as_millis() as u64,
-                evict_ms = (started.elapsed() - written).as_millis() as u64,
-                "state written, cache evicted"
-            );
+        let idle = self.finish_write(workers, false)?;
+        if self.engine.cache_bytes() <= self.budget - self.budget / 4 {
+            return Ok(());
         }
+        if !idle {
+            if self.engine.cache_bytes() <= self.budget {
+                return Ok(());
+            }
+            self.finish_write(workers, true)?;
+            if self.engine.cache_bytes() <= self.budget - self.budget / 4 {
+                return Ok(());
+            }
+        }
+        let bulk = self.store.prepare_bulk(self.engine, self.persist)?;
+        workers.write.send(bulk).map_err(|_| stopped("writer"))?;
+        workers.writes_sent += 1;
         Ok(())
     }
 }
@@ -348,9 +487,16 @@ fn process_lines<R: Read + Send, W: Write>(
     std::thread::scope(|scope| -> Result<()> {
         let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
         scope.spawn(move || read_chunks(reader, decode, tx));
-        for chunk in rx {
+        let mut workers = Workers::start(scope, shell.store);
+        let mut rx = rx.into_iter();
+        let mut next = rx.next();
+        while let Some(chunk) = next {
             let chunk = chunk.context("cannot read input")?;
-            shell.load(&chunk, &mut wants)?;
+            shell.load(&mut workers, &chunk, &mut wants)?;
+            next = rx.next();
+            if let Some(Ok(following)) = &next {
+                shell.prefetch(&mut workers, following)?;
+            }
             let engine = &mut *shell.engine;
             for (&(a, b, line_no), decoded) in chunk.lines.iter().zip(chunk.decoded) {
                 let line = &chunk.buf[a..b];
@@ -374,9 +520,9 @@ fn process_lines<R: Read + Send, W: Write>(
             if let Some(m) = &w.metrics {
                 m.observe_engine("0", engine);
             }
-            shell.make_room()?;
+            shell.make_room(&mut workers)?;
         }
-        Ok(())
+        shell.finish_write(&mut workers, true).map(|_| ())
     })?;
     progress.finish();
     Ok(summary)

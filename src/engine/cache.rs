@@ -42,10 +42,13 @@ pub(super) struct IdentityEntry {
 }
 
 /// A hash table slot costs its size plus a control byte, divided by the
-/// load factor: between 7/16 and 7/8 as the table doubles, about 2/3 on
-/// average; tables are shrunk after an eviction.
+/// load factor, which is 7/16 right after the table doubles: counting
+/// that worst case keeps a table's memory within the budget at any load,
+/// so tables keep their capacity after an eviction instead of shrinking
+/// and growing again (each a rehash of every entry, with both tables
+/// alive meanwhile).
 const fn slot(bytes: usize) -> usize {
-    (bytes + 1) * 3 / 2
+    (bytes + 1) * 16 / 7
 }
 
 /// A heap block: the allocator's header and rounding to 16 bytes.
@@ -65,6 +68,12 @@ pub(super) fn series_bytes(inference_id: &str, voter_prompt_id: &str, s: &Series
         + block(ARC_HEADER + inference_id.len())
         + block(ARC_HEADER + voter_prompt_id.len())
         + s.model_id.as_ref().map_or(0, |m| block(m.len()))
+}
+
+fn shrink<K: Eq + std::hash::Hash, V>(map: &mut rustc_hash::FxHashMap<K, V>) {
+    if map.len() < map.capacity() / 8 {
+        map.shrink_to(map.len() * 2);
+    }
 }
 
 /// The eviction target for a cache over `budget`.
@@ -221,10 +230,12 @@ impl Engine {
             self.complete = false;
         }
         self.cache_bytes -= freed.min(self.cache_bytes);
-        // Give the freed slots back: a table keeps its peak capacity
-        // otherwise, and memory would follow the peak, not the budget.
-        self.series.shrink_to_fit();
-        self.dedupe.shrink_to_fit();
+        // A table eight times larger than its entries (the workload moved
+        // from series to identities or back) gives memory back; otherwise
+        // it keeps its capacity (see `slot`): shrinking and growing again
+        // costs a rehash of every entry, with both tables alive meanwhile.
+        shrink(&mut self.series);
+        shrink(&mut self.dedupe);
         if self.series.is_empty() && self.dedupe.is_empty() {
             self.cache_bytes = 0;
         }
@@ -240,6 +251,10 @@ impl Engine {
                 used: tick,
             }
         });
+        if !e.dirty && e.at != at {
+            // A stored identity accepted again: its index entry goes.
+            self.replaced_dedupe.entry(identity).or_insert(e.at);
+        }
         e.at = at;
         e.used = tick;
         if !std::mem::replace(&mut e.dirty, true) {

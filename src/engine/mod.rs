@@ -183,8 +183,10 @@ pub enum Change<'a> {
     Series(&'a SeriesKey, &'a SeriesState),
     Batch(&'a BatchKey, Option<&'a Batch>),
     /// An accepted vote's identity and vote time (identities are forgotten
-    /// by the state store's retention sweep, never by the engine).
-    Dedupe(u128, Nanos),
+    /// by the state store's retention sweep, never by the engine), and the
+    /// vote time the store held for it before, if the identity is accepted
+    /// again after the retention forgot it (its index entry goes).
+    Dedupe(u128, Nanos, Option<Nanos>),
     Meta(&'a Meta),
 }
 
@@ -220,6 +222,8 @@ pub struct Engine {
     /// Closed batches the store holds.
     deleted_batches: Vec<BatchKey>,
     dirty_dedupe: Vec<u128>,
+    /// Stored vote times of identities accepted again since the last drain.
+    replaced_dedupe: FxHashMap<u128, Nanos>,
     meta_dirty: bool,
     /// Approximate bytes of the cached series and identities.
     cache_bytes: usize,
@@ -245,6 +249,7 @@ impl Engine {
             dirty_batches: Vec::new(),
             deleted_batches: Vec::new(),
             dirty_dedupe: Vec::new(),
+            replaced_dedupe: FxHashMap::default(),
             meta_dirty: false,
             cache_bytes: 0,
             tick: 0,
@@ -585,7 +590,7 @@ impl Engine {
         for id in self.dirty_dedupe.drain(..) {
             if let Some(e) = self.dedupe.get_mut(&id) {
                 e.dirty = false;
-                sink(Change::Dedupe(id, e.at));
+                sink(Change::Dedupe(id, e.at, self.replaced_dedupe.remove(&id)));
             }
         }
         if std::mem::take(&mut self.meta_dirty) {

@@ -206,6 +206,43 @@ fn retention_forgets_old_identities() {
     assert_eq!(o, vec![Outcome::Accepted]);
 }
 
+#[test]
+fn an_identity_accepted_again_reports_the_vote_time_it_replaces() {
+    let mut c = cfg();
+    c.retention_ns = 3600 * NANOS_PER_SEC;
+    c.window_ns = 60 * NANOS_PER_SEC;
+    let mut e = Engine::new(c);
+    let with_id = |ts| Vote {
+        vote_id: Some("v1".into()),
+        ..vote("i", "a", Some(1.0), ts)
+    };
+    let drain = |e: &mut Engine| {
+        let mut seen = Vec::new();
+        e.drain_changes(|c| {
+            if let Change::Dedupe(id, at, before) = c {
+                seen.push((id, at, before));
+            }
+        });
+        seen
+    };
+    let first = with_id("2024-01-01T00:00:00Z");
+    run(&mut e, std::slice::from_ref(&first));
+    let stored = drain(&mut e);
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].2, None);
+    run(&mut e, &[vote("j", "b", Some(1.0), "2024-01-01T02:00:00Z")]);
+    let again = with_id("2024-01-01T02:00:01Z");
+    let (_, o) = run(&mut e, std::slice::from_ref(&again));
+    assert_eq!(o, vec![Outcome::Accepted]);
+    let changes = drain(&mut e);
+    let mine: Vec<_> = changes.iter().filter(|c| c.0 == stored[0].0).collect();
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0].1, again.timestamp);
+    assert_eq!(mine[0].2, Some(first.timestamp));
+    // Written once, nothing is replaced any more.
+    assert!(drain(&mut e).is_empty());
+}
+
 /// A model of the state store: the records the engine's changes make.
 #[derive(Default)]
 struct Model {
@@ -227,7 +264,7 @@ impl Model {
             Change::Batch(k, None) => {
                 self.batches.remove(k);
             }
-            Change::Dedupe(id, t) => {
+            Change::Dedupe(id, t, _) => {
                 self.dedupe.insert(id, t);
             }
             Change::Meta(m) => self.meta = *m,

@@ -117,30 +117,40 @@ fn enc<T: serde::Serialize>(v: &T) -> Vec<u8> {
     postcard::to_allocvec(v).unwrap_or_default()
 }
 
-fn encode_change(c: Change<'_>) -> Record {
-    match c {
+/// The records of one change, appended to `out`.
+fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
+    let record = match c {
         Change::Series(k, s) => (series_key_bytes(k), Some(enc(s))),
         Change::Batch(k, b) => {
             let mut key = vec![b'b'];
             key.extend_from_slice(&enc(k));
             (key, b.map(enc))
         }
-        Change::Dedupe(id, at) => (identity_key(id), Some(at.to_le_bytes().to_vec())),
+        Change::Dedupe(id, at, replaced) => {
+            let key = identity_key(id);
+            if let Some(old) = replaced {
+                // Before the put: the same vote time indexes it again.
+                out.push((time_index_key(old, &key[1..]), None));
+            }
+            (key, Some(at.to_le_bytes().to_vec()))
+        }
         Change::Meta(m) => (META_KEY.to_vec(), Some(enc(m))),
-    }
+    };
+    out.push(record);
 }
 
 /// Turns the engine's pending changes into records, appended to `out`.
 pub fn encode_changes_into(engine: &mut Engine, out: &mut Vec<Record>) {
-    engine.drain_changes(|c| out.push(encode_change(c)));
+    engine.drain_changes(|c| encode_change(c, out));
 }
 
 /// Position name marking a bulk write in progress (see [`Store::begin_bulk`]).
 const INCOMPLETE: &str = "incomplete_write";
 
-/// Position name of the key layout version; 2 added the `t` index.
+/// Position name of the key layout version; 2 added the `t` index, 3 keeps
+/// only current entries in it.
 const FORMAT: &str = "format";
-const FORMAT_VERSION: i64 = 2;
+const FORMAT_VERSION: i64 = 3;
 
 /// Most identities one [`Store::sweep`] call forgets (bounds a cycle's work).
 pub const SWEEP_LIMIT: usize = 10_000;
@@ -152,6 +162,41 @@ pub struct RestoreStats {
     pub series: u64,
     pub batches: u64,
 }
+
+/// Records per write batch of a bulk write.
+const BULK_CHUNK: usize = 50_000;
+
+/// A bulk write prepared by [`Store::prepare_bulk`].
+pub struct BulkWrite {
+    /// Sweep identities before this vote time first.
+    horizon: Option<Nanos>,
+    batches: Vec<WriteBatch>,
+    /// The earliest identity index entry of `batches`.
+    earliest: Option<Vec<u8>>,
+}
+
+/// Series states and identity times read by [`Store::read`] (`None`: not
+/// stored).
+#[derive(Debug, Default)]
+pub struct Loaded {
+    series: Vec<(SeriesKey, Option<SeriesState>)>,
+    identities: Vec<(u128, Option<Nanos>)>,
+}
+
+impl Loaded {
+    /// Hands the values to the engine; entries it has cached meanwhile win.
+    pub fn provide(self, engine: &mut Engine) {
+        for (k, state) in self.series {
+            engine.provide_series(k, state);
+        }
+        for (id, at) in self.identities {
+            engine.provide_identity(id, at);
+        }
+    }
+}
+
+/// Keys per RocksDB multi-get (see [`Store::multi_get`]).
+const MULTI_GET: usize = 256;
 
 /// Block cache shared by every partition's database (index, filter and
 /// data blocks), so that the process's RocksDB read memory is one budget.
@@ -199,6 +244,9 @@ pub struct Store {
     /// deleted (or this store object is dropped with its cycle), and
     /// starting past their tombstones keeps each sweep O(its work).
     sweep_from: std::sync::Mutex<Vec<u8>>,
+    /// Whether identity puts are indexed by vote time (`false` for a
+    /// temporary state, which is never swept).
+    time_index: bool,
 }
 
 impl Store {
@@ -212,9 +260,20 @@ impl Store {
             db,
             path: path.to_owned(),
             sweep_from: std::sync::Mutex::new(b"t".to_vec()),
+            time_index: true,
         };
         store.upgrade()?;
         Ok(store)
+    }
+
+    /// Opens a new database at `path` for the length of one replay, which
+    /// removes it afterwards: identities are not indexed for the sweep
+    /// (the engine ignores those past the retention either way).
+    pub fn open_temporary(path: &Path) -> Result<Store, StoreError> {
+        Ok(Store {
+            time_index: false,
+            ..Store::open(path)?
+        })
     }
 
     /// Opens an existing database read-only (for `inspect`).
@@ -229,6 +288,7 @@ impl Store {
             db,
             path: path.to_owned(),
             sweep_from: std::sync::Mutex::new(b"t".to_vec()),
+            time_index: true,
         })
     }
 
@@ -257,7 +317,10 @@ impl Store {
         if self.position(FORMAT)?.unwrap_or(0) >= FORMAT_VERSION {
             return Ok(());
         }
+        // Format 2 could leave an index entry behind when an identity was
+        // accepted again; the index is rebuilt from the identities.
         let mut wb = WriteBatch::default();
+        wb.delete_range(b"t", b"u");
         let mut n = 0u64;
         for item in self.prefix(b"d") {
             let (k, v) = item?;
@@ -301,20 +364,29 @@ impl Store {
     /// local `t` index entry of every identity put).
     pub fn apply(&self, records: &[Record], positions: &[(&str, i64)]) -> Result<(), StoreError> {
         let mut wb = WriteBatch::default();
-        self.batch_records(&mut wb, records)?;
+        let earliest = self.batch_records(&mut wb, records)?;
         for (name, value) in positions {
             wb.put(position_key(name), value.to_le_bytes());
         }
-        self.db.write(wb).map_err(|e| self.rocks(e))
+        self.db.write(wb).map_err(|e| self.rocks(e))?;
+        self.lower_sweep_start(earliest);
+        Ok(())
     }
 
-    fn batch_records(&self, wb: &mut WriteBatch, records: &[Record]) -> Result<(), StoreError> {
+    /// Adds `records` to `wb` with the `t` index entry of every identity
+    /// put, and returns the earliest such entry: once `wb` is written, pass
+    /// it to [`Store::lower_sweep_start`].
+    fn batch_records(
+        &self,
+        wb: &mut WriteBatch,
+        records: &[Record],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         let mut earliest: Option<Vec<u8>> = None;
         for (k, v) in records {
             match v {
                 Some(v) => {
                     wb.put(k, v);
-                    if k.first() == Some(&b'd') {
+                    if self.time_index && k.first() == Some(&b'd') {
                         let t = time_index_key(self.identity_time(k, v)?, &k[1..]);
                         wb.put(&t, []);
                         if earliest.as_ref().is_none_or(|e| t < *e) {
@@ -325,15 +397,18 @@ impl Store {
                 None => wb.delete(k),
             }
         }
-        // An index entry before the sweep's start (a vote time already past
-        // the horizon) moves the start back.
-        if let Some(t) = earliest {
+        Ok(earliest)
+    }
+
+    /// An index entry before the sweep's start (a vote time already past
+    /// the horizon) moves the start back.
+    fn lower_sweep_start(&self, t: Option<Vec<u8>>) {
+        if let Some(t) = t {
             let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
             if t < *from {
                 *from = t;
             }
         }
-        Ok(())
     }
 
     /// Marks the start of a bulk write (replay): until [`Store::finish_bulk`],
@@ -348,35 +423,69 @@ impl Store {
     /// [`Store::begin_bulk`] and [`Store::finish_bulk`], or for a temporary
     /// state).
     pub fn write_bulk(&self, engine: &mut Engine, sweep: bool) -> Result<(), StoreError> {
-        const CHUNK: usize = 50_000;
-        let mut no_wal = WriteOptions::default();
-        no_wal.disable_wal(true);
+        let bulk = self.prepare_bulk(engine, sweep)?;
+        self.write_prepared(bulk)
+    }
+
+    /// The first half of [`Store::write_bulk`]: drains the engine's changes
+    /// into write batches. The engine's entries are clean afterwards but
+    /// must not be evicted before [`Store::write_prepared`] has returned
+    /// (replay runs that half on another thread meanwhile).
+    pub fn prepare_bulk(&self, engine: &mut Engine, sweep: bool) -> Result<BulkWrite, StoreError> {
+        let mut bulk = BulkWrite {
+            horizon: engine.identity_horizon().filter(|_| sweep),
+            batches: Vec::new(),
+            earliest: None,
+        };
         let mut wb = WriteBatch::default();
-        if sweep {
-            if let Some(h) = engine.identity_horizon() {
-                self.batch_records(&mut wb, &self.sweep(h, usize::MAX)?)?;
-            }
-        }
         let mut err = None;
-        let mut records = Vec::with_capacity(1);
+        let mut records = Vec::with_capacity(2);
         engine.drain_changes(|c| {
             if err.is_some() {
                 return;
             }
             records.clear();
-            records.push(encode_change(c));
-            if let Err(e) = self.batch_records(&mut wb, &records) {
-                err = Some(e);
-            } else if wb.len() >= CHUNK {
-                if let Err(e) = self.db.write_opt(std::mem::take(&mut wb), &no_wal) {
-                    err = Some(self.rocks(e));
+            encode_change(c, &mut records);
+
+            match self.batch_records(&mut wb, &records) {
+                Err(e) => err = Some(e),
+                Ok(Some(t)) if bulk.earliest.as_ref().is_none_or(|e| t < *e) => {
+                    bulk.earliest = Some(t)
                 }
+                Ok(_) => {}
+            }
+            if wb.len() >= BULK_CHUNK {
+                bulk.batches.push(std::mem::take(&mut wb));
             }
         });
         if let Some(e) = err {
             return Err(e);
         }
-        self.db.write_opt(wb, &no_wal).map_err(|e| self.rocks(e))
+        bulk.batches.push(wb);
+        Ok(bulk)
+    }
+
+    /// The second half of [`Store::write_bulk`]: the sweep, then the
+    /// prepared batches, in order.
+    pub fn write_prepared(&self, bulk: BulkWrite) -> Result<(), StoreError> {
+        let mut no_wal = WriteOptions::default();
+        no_wal.disable_wal(true);
+        if let Some(h) = bulk.horizon {
+            loop {
+                let swept = self.sweep(h, BULK_CHUNK / 2)?;
+                if swept.is_empty() {
+                    break;
+                }
+                let mut wb = WriteBatch::default();
+                self.batch_records(&mut wb, &swept)?;
+                self.db.write_opt(wb, &no_wal).map_err(|e| self.rocks(e))?;
+            }
+        }
+        for wb in bulk.batches {
+            self.db.write_opt(wb, &no_wal).map_err(|e| self.rocks(e))?;
+        }
+        self.lower_sweep_start(bulk.earliest);
+        Ok(())
     }
 
     /// Ends a bulk write: memtables to disk, then the marker goes.
@@ -458,42 +567,62 @@ impl Store {
     /// multi-get per kind). Keys are deduplicated by the caller or not: a
     /// second provide of the same key is ignored.
     pub fn provide(&self, engine: &mut Engine, wants: &[Wants]) -> Result<(), StoreError> {
+        self.read(wants)?.provide(engine);
+        Ok(())
+    }
+
+    /// What `wants` name, read from the store (see [`Loaded::provide`]).
+    pub fn read(&self, wants: &[Wants]) -> Result<Loaded, StoreError> {
+        let mut loaded = Loaded::default();
         let series: Vec<&SeriesKey> = wants.iter().filter_map(|w| w.series.as_ref()).collect();
-        if !series.is_empty() {
-            let keys: Vec<Vec<u8>> = series.iter().map(|k| series_key_bytes(k)).collect();
-            for ((k, bytes), v) in series.iter().zip(&keys).zip(self.db.multi_get(&keys)) {
-                let state = match v.map_err(|e| self.rocks(e))? {
-                    Some(v) => Some(postcard::from_bytes(&v).map_err(|e| self.corrupt(bytes, e))?),
-                    None => None,
-                };
-                engine.provide_series((*k).clone(), state);
-            }
-        }
+        let keys: Vec<Vec<u8>> = series.iter().map(|k| series_key_bytes(k)).collect();
+        self.multi_get(&keys, |i, v| {
+            let state = match v {
+                Some(v) => Some(postcard::from_bytes(v).map_err(|e| self.corrupt(&keys[i], e))?),
+                None => None,
+            };
+            loaded.series.push((series[i].clone(), state));
+            Ok(())
+        })?;
         let ids: Vec<u128> = wants.iter().filter_map(|w| w.identity).collect();
-        if !ids.is_empty() {
-            let keys: Vec<Vec<u8>> = ids.iter().map(|&id| identity_key(id)).collect();
-            for ((id, k), v) in ids.iter().zip(&keys).zip(self.db.multi_get(&keys)) {
-                let at = match v.map_err(|e| self.rocks(e))? {
-                    Some(v) => Some(self.identity_time(k, &v)?),
-                    None => None,
-                };
-                engine.provide_identity(*id, at);
+        let keys: Vec<Vec<u8>> = ids.iter().map(|&id| identity_key(id)).collect();
+        self.multi_get(&keys, |i, v| {
+            let at = v.map(|v| self.identity_time(&keys[i], v)).transpose()?;
+            loaded.identities.push((ids[i], at));
+            Ok(())
+        })?;
+        Ok(loaded)
+    }
+
+    /// Looks `keys` up in slices of [`MULTI_GET`] and calls `f(index,
+    /// value)` for each in order. One multi-get over many keys pins a data
+    /// block per key until it returns: a sweep of 100 000 identities pinned
+    /// 60 MiB past the block cache's budget.
+    fn multi_get(
+        &self,
+        keys: &[Vec<u8>],
+        mut f: impl FnMut(usize, Option<&[u8]>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        for (c, slice) in keys.chunks(MULTI_GET).enumerate() {
+            for (j, v) in self.db.multi_get(slice).into_iter().enumerate() {
+                f(c * MULTI_GET + j, v.map_err(|e| self.rocks(e))?.as_deref())?;
             }
         }
         Ok(())
     }
 
     /// Records that forget up to `limit` identities whose vote time is
-    /// before `horizon` (SPEC §4 retention): a delete of the identity, unless
-    /// a later vote re-used it (then only its stale index entry goes), and
-    /// of the index entry. Apply them before the cycle's engine changes, so
-    /// that an identity accepted again in the same cycle stays.
+    /// before `horizon` (SPEC §4 retention): deletes of the identity and of
+    /// its index entry. Every index entry is current (an identity accepted
+    /// again deletes its old entry, see [`Change::Dedupe`]), so this reads
+    /// nothing but the index. Apply them before the cycle's engine changes,
+    /// so that an identity accepted again in the same cycle stays.
     pub fn sweep(&self, horizon: Nanos, limit: usize) -> Result<Vec<Record>, StoreError> {
         let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
         let mut opts = ReadOptions::default();
         opts.set_iterate_lower_bound(from.clone());
         opts.set_iterate_upper_bound(time_index_key(horizon, &[]));
-        let mut index = Vec::new();
+        let mut out = Vec::new();
         for item in self
             .db
             .iterator_opt(IteratorMode::From(&from, Direction::Forward), opts)
@@ -503,25 +632,11 @@ impl Store {
             if k.len() != 33 || k[0] != b't' {
                 return Err(self.corrupt(&k, "bad identity index key"));
             }
-            index.push(k);
+            out.push(([&b"d"[..], &k[17..]].concat(), None));
+            out.push((k.to_vec(), None));
         }
-        if let Some(last) = index.last() {
-            *from = last.to_vec();
-        }
-        drop(from);
-        let keys: Vec<Vec<u8>> = index
-            .iter()
-            .map(|k| [&b"d"[..], &k[17..]].concat())
-            .collect();
-        let values = self.db.multi_get(&keys);
-        let mut out = Vec::with_capacity(index.len() * 2);
-        for ((t, d), v) in index.iter().zip(keys).zip(values) {
-            if let Some(v) = v.map_err(|e| self.rocks(e))? {
-                if time_index_key(self.identity_time(&d, &v)?, &d[1..]) == **t {
-                    out.push((d, None));
-                }
-            }
-            out.push((t.to_vec(), None));
+        if let Some((last, _)) = out.last() {
+            *from = last.clone();
         }
         Ok(out)
     }

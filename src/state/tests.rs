@@ -30,25 +30,30 @@ fn time_index_keys_sort_by_vote_time_including_negative_times() {
     }
 }
 
+fn reused_record(id: u128, at: Nanos, before: Nanos) -> Vec<Record> {
+    let mut out = Vec::new();
+    encode_change(Change::Dedupe(id, at, Some(before)), &mut out);
+    out
+}
+
 #[test]
-fn sweep_forgets_identities_past_the_horizon_and_skips_reused_ones() {
+fn sweep_forgets_identities_past_the_horizon_and_keeps_reused_ones() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    // 1 and 2 old, 3 new; 2 accepted again later (its old index entry is stale).
+    // 1 and 2 old, 3 new; 2 accepted again later (its old index entry goes).
     store
         .apply(
             &[id_record(1, 10), id_record(2, 20), id_record(3, 100)],
             &[],
         )
         .unwrap();
-    store.apply(&[id_record(2, 90)], &[]).unwrap();
-    assert_eq!(keys(&store, b"t"), 4);
+    store.apply(&reused_record(2, 90, 20), &[]).unwrap();
+    assert_eq!(keys(&store, b"t"), 3);
     let swept = store.sweep(50, usize::MAX).unwrap();
-    // d1 and t1 deleted; for 2 only the stale index entry goes.
-    assert_eq!(swept.len(), 3);
+    // d1 and t1 deleted; 2 stays.
+    assert_eq!(swept.len(), 2);
     assert!(swept.iter().all(|(_, v)| v.is_none()));
     assert!(swept.contains(&(identity_key(1), None)));
-    assert!(!swept.contains(&(identity_key(2), None)));
     store.apply(&swept, &[]).unwrap();
     assert_eq!(keys(&store, b"d"), 2);
     assert_eq!(keys(&store, b"t"), 2);
@@ -63,23 +68,29 @@ fn sweep_forgets_identities_past_the_horizon_and_skips_reused_ones() {
 }
 
 #[test]
-fn an_old_directory_gets_its_time_index_once() {
+fn an_old_directory_gets_its_time_index_rebuilt_once() {
     let dir = tempfile::tempdir().unwrap();
     {
         let store = Store::open(dir.path()).unwrap();
-        // As a format-1 directory: identities without index entries.
+        // As a format-2 directory: 2 was accepted again and its old index
+        // entry stayed behind; 1 has no entry at all (format 1).
         let mut wb = WriteBatch::default();
-        for (k, v) in [id_record(1, 10), id_record(2, 20)] {
+        for (k, v) in [id_record(1, 10), id_record(2, 90)] {
             wb.put(k, v.unwrap());
         }
-        wb.delete(position_key(FORMAT));
+        wb.put(time_index_key(20, &identity_key(2)[1..]), []);
+        wb.put(time_index_key(90, &identity_key(2)[1..]), []);
+        wb.put(position_key(FORMAT), 2i64.to_le_bytes());
         store.db.write(wb).unwrap();
-        assert_eq!(keys(&store, b"t"), 0);
+        assert_eq!(keys(&store, b"t"), 2);
     }
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(keys(&store, b"t"), 2);
     assert_eq!(store.position(FORMAT).unwrap(), Some(FORMAT_VERSION));
-    assert_eq!(store.sweep(15, usize::MAX).unwrap().len(), 2);
+    // Only 1 is past 50: 2's stale entry (20) is gone.
+    let swept = store.sweep(50, usize::MAX).unwrap();
+    assert_eq!(swept.len(), 2);
+    assert!(swept.contains(&(identity_key(1), None)));
 }
 
 #[test]
