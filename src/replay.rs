@@ -214,8 +214,7 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
     // until then the directory is marked incomplete). A temporary state is
     // written only to make room in the cache.
     if persist {
-        store.write_bulk(&mut engine, true)?;
-        store.finish_bulk()?;
+        store.finish_bulk(&mut engine)?;
     }
     if let Some(m) = &w.metrics {
         m.observe_engine("0", &engine);

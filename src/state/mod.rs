@@ -61,6 +61,10 @@ pub type Record = (Vec<u8>, Option<Vec<u8>>);
 
 pub const META_KEY: &[u8] = b"m";
 
+/// Where the identity sweep got to (a `t` key; see [`Store::sweep`]), so
+/// that a new process does not walk the tombstones of earlier sweeps.
+const SWEEP_KEY: &[u8] = b"w";
+
 /// Serialises a value the way every state record is stored.
 pub fn encode_value<T: serde::Serialize>(v: &T) -> Vec<u8> {
     enc(v)
@@ -208,7 +212,7 @@ fn block_cache() -> &'static Cache {
 /// Options of a partition database: bloom filters so that looking up a
 /// new vote's identity (the common case, a miss) rarely reads a block;
 /// small memtables so that memory stays flat with many partitions.
-fn options() -> Options {
+fn options(temporary: bool) -> Options {
     let mut bb = BlockBasedOptions::default();
     bb.set_bloom_filter(10.0, false);
     bb.set_whole_key_filtering(true);
@@ -226,7 +230,13 @@ fn options() -> Options {
     bb.set_block_cache(block_cache());
     let mut opts = Options::default();
     opts.create_if_missing(true);
-    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // A temporary state (replay without --state-dir) lives for one run:
+    // compressing what is read back and deleted soon is CPU for nothing.
+    opts.set_compression_type(if temporary {
+        rocksdb::DBCompressionType::None
+    } else {
+        rocksdb::DBCompressionType::Lz4
+    });
     opts.increase_parallelism(2);
     opts.set_block_based_table_factory(&bb);
     opts.set_memtable_prefix_bloom_ratio(0.1);
@@ -247,12 +257,27 @@ pub struct Store {
     /// Whether identity puts are indexed by vote time (`false` for a
     /// temporary state, which is never swept).
     time_index: bool,
+    /// Whether a write skipped the write-ahead log (see
+    /// [`Store::finish_bulk`]).
+    unlogged: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
     /// Opens (creating if needed) the database at `path`.
     pub fn open(path: &Path) -> Result<Store, StoreError> {
-        let db = DB::open(&options(), path).map_err(|source| StoreError::Rocks {
+        Store::open_with(path, false)
+    }
+
+    /// Opens a new database at `path` for the length of one replay, which
+    /// removes it afterwards: identities are not indexed for the sweep
+    /// (the engine ignores those past the retention either way), and
+    /// blocks are not compressed.
+    pub fn open_temporary(path: &Path) -> Result<Store, StoreError> {
+        Store::open_with(path, true)
+    }
+
+    fn open_with(path: &Path, temporary: bool) -> Result<Store, StoreError> {
+        let db = DB::open(&options(temporary), path).map_err(|source| StoreError::Rocks {
             path: path.to_owned(),
             source,
         })?;
@@ -260,20 +285,14 @@ impl Store {
             db,
             path: path.to_owned(),
             sweep_from: std::sync::Mutex::new(b"t".to_vec()),
-            time_index: true,
+            time_index: !temporary,
+            unlogged: false.into(),
         };
         store.upgrade()?;
+        if let Some(from) = store.get(SWEEP_KEY)? {
+            *store.sweep_from.lock().unwrap_or_else(|p| p.into_inner()) = from;
+        }
         Ok(store)
-    }
-
-    /// Opens a new database at `path` for the length of one replay, which
-    /// removes it afterwards: identities are not indexed for the sweep
-    /// (the engine ignores those past the retention either way).
-    pub fn open_temporary(path: &Path) -> Result<Store, StoreError> {
-        Ok(Store {
-            time_index: false,
-            ..Store::open(path)?
-        })
     }
 
     /// Opens an existing database read-only (for `inspect`).
@@ -289,6 +308,7 @@ impl Store {
             path: path.to_owned(),
             sweep_from: std::sync::Mutex::new(b"t".to_vec()),
             time_index: true,
+            unlogged: false.into(),
         })
     }
 
@@ -321,6 +341,7 @@ impl Store {
         // accepted again; the index is rebuilt from the identities.
         let mut wb = WriteBatch::default();
         wb.delete_range(b"t", b"u");
+        wb.delete(SWEEP_KEY);
         let mut n = 0u64;
         for item in self.prefix(b"d") {
             let (k, v) = item?;
@@ -369,8 +390,7 @@ impl Store {
             wb.put(position_key(name), value.to_le_bytes());
         }
         self.db.write(wb).map_err(|e| self.rocks(e))?;
-        self.lower_sweep_start(earliest);
-        Ok(())
+        self.lower_sweep_start(earliest)
     }
 
     /// Adds `records` to `wb` with the `t` index entry of every identity
@@ -402,13 +422,15 @@ impl Store {
 
     /// An index entry before the sweep's start (a vote time already past
     /// the horizon) moves the start back.
-    fn lower_sweep_start(&self, t: Option<Vec<u8>>) {
+    fn lower_sweep_start(&self, t: Option<Vec<u8>>) -> Result<(), StoreError> {
         if let Some(t) = t {
             let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
             if t < *from {
+                self.db.put(SWEEP_KEY, &t).map_err(|e| self.rocks(e))?;
                 *from = t;
             }
         }
+        Ok(())
     }
 
     /// Marks the start of a bulk write (replay): until [`Store::finish_bulk`],
@@ -470,6 +492,12 @@ impl Store {
     pub fn write_prepared(&self, bulk: BulkWrite) -> Result<(), StoreError> {
         let mut no_wal = WriteOptions::default();
         no_wal.disable_wal(true);
+        self.unlogged
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.write_with(bulk, &no_wal)
+    }
+
+    fn write_with(&self, bulk: BulkWrite, opts: &WriteOptions) -> Result<(), StoreError> {
         if let Some(h) = bulk.horizon {
             loop {
                 let swept = self.sweep(h, BULK_CHUNK / 2)?;
@@ -478,23 +506,36 @@ impl Store {
                 }
                 let mut wb = WriteBatch::default();
                 self.batch_records(&mut wb, &swept)?;
-                self.db.write_opt(wb, &no_wal).map_err(|e| self.rocks(e))?;
+                self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
             }
         }
         for wb in bulk.batches {
-            self.db.write_opt(wb, &no_wal).map_err(|e| self.rocks(e))?;
+            self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
         }
-        self.lower_sweep_start(bulk.earliest);
-        Ok(())
+        self.lower_sweep_start(bulk.earliest)
     }
 
-    /// Ends a bulk write: memtables to disk, then the marker goes.
-    pub fn finish_bulk(&self) -> Result<(), StoreError> {
-        self.flush()?;
+    /// Ends a bulk write with the engine's remaining changes (and the
+    /// sweep), then removes the marker. If every earlier write of the bulk
+    /// went to the write-ahead log (a replay that fit in the cache), so do
+    /// these, and the log is synced instead of flushing the memtables: a
+    /// flush per short replay would add a level-0 file per run, and every
+    /// few runs a compaction of the whole state that the exit waits for.
+    pub fn finish_bulk(&self, engine: &mut Engine) -> Result<(), StoreError> {
+        let bulk = self.prepare_bulk(engine, true)?;
+        if self.unlogged.load(std::sync::atomic::Ordering::Relaxed) {
+            self.write_prepared(bulk)?;
+            self.flush()?;
+            self.db
+                .delete(position_key(INCOMPLETE))
+                .map_err(|e| self.rocks(e))?;
+            return self.flush();
+        }
+        self.write_with(bulk, &WriteOptions::default())?;
         self.db
             .delete(position_key(INCOMPLETE))
             .map_err(|e| self.rocks(e))?;
-        self.flush()
+        self.db.flush_wal(true).map_err(|e| self.rocks(e))
     }
 
     /// A position written by [`Store::apply`].
@@ -615,7 +656,8 @@ impl Store {
     /// before `horizon` (SPEC §4 retention): deletes of the identity and of
     /// its index entry. Every index entry is current (an identity accepted
     /// again deletes its old entry, see [`Change::Dedupe`]), so this reads
-    /// nothing but the index. Apply them before the cycle's engine changes,
+    /// nothing but the index. The last record moves the sweep's start (kept
+    /// across restarts) past them. Apply them before the cycle's engine changes,
     /// so that an identity accepted again in the same cycle stays.
     pub fn sweep(&self, horizon: Nanos, limit: usize) -> Result<Vec<Record>, StoreError> {
         let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
@@ -623,6 +665,7 @@ impl Store {
         opts.set_iterate_lower_bound(from.clone());
         opts.set_iterate_upper_bound(time_index_key(horizon, &[]));
         let mut out = Vec::new();
+        let mut last = None;
         for item in self
             .db
             .iterator_opt(IteratorMode::From(&from, Direction::Forward), opts)
@@ -634,9 +677,17 @@ impl Store {
             }
             out.push(([&b"d"[..], &k[17..]].concat(), None));
             out.push((k.to_vec(), None));
+            last = Some(k);
         }
-        if let Some((last, _)) = out.last() {
-            *from = last.clone();
+        // Below the horizon everything is swept unless the limit stopped
+        // the walk.
+        let next = match last {
+            Some(k) if out.len() / 2 == limit => k.to_vec(),
+            _ => time_index_key(horizon, &[]),
+        };
+        if next > *from {
+            *from = next.clone();
+            out.push((SWEEP_KEY.to_vec(), Some(next)));
         }
         Ok(out)
     }

@@ -50,16 +50,27 @@ fn sweep_forgets_identities_past_the_horizon_and_keeps_reused_ones() {
     store.apply(&reused_record(2, 90, 20), &[]).unwrap();
     assert_eq!(keys(&store, b"t"), 3);
     let swept = store.sweep(50, usize::MAX).unwrap();
-    // d1 and t1 deleted; 2 stays.
-    assert_eq!(swept.len(), 2);
-    assert!(swept.iter().all(|(_, v)| v.is_none()));
-    assert!(swept.contains(&(identity_key(1), None)));
+    // d1 and t1 deleted; 2 stays; the sweep's start moves past t1.
+    let t1 = time_index_key(10, &identity_key(1)[1..]);
+    let h50 = time_index_key(50, &[]);
+    assert_eq!(
+        swept,
+        vec![
+            (identity_key(1), None),
+            (t1, None),
+            (SWEEP_KEY.to_vec(), Some(h50.clone()))
+        ]
+    );
     store.apply(&swept, &[]).unwrap();
     assert_eq!(keys(&store, b"d"), 2);
     assert_eq!(keys(&store, b"t"), 2);
     assert!(store.sweep(50, usize::MAX).unwrap().is_empty());
+    // The start is kept across restarts.
+    drop(store);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(*store.sweep_from.lock().unwrap(), h50);
     // The limit bounds one call's work.
-    assert_eq!(store.sweep(1000, 1).unwrap().len(), 2);
+    assert_eq!(store.sweep(1000, 1).unwrap().len(), 3);
     // An identity put with a vote time before where the sweep got to
     // (a retention shorter than a window) is still found.
     store.apply(&[id_record(4, 5)], &[]).unwrap();
@@ -89,7 +100,7 @@ fn an_old_directory_gets_its_time_index_rebuilt_once() {
     assert_eq!(store.position(FORMAT).unwrap(), Some(FORMAT_VERSION));
     // Only 1 is past 50: 2's stale entry (20) is gone.
     let swept = store.sweep(50, usize::MAX).unwrap();
-    assert_eq!(swept.len(), 2);
+    assert_eq!(swept.len(), 3);
     assert!(swept.contains(&(identity_key(1), None)));
 }
 
