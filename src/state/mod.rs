@@ -389,13 +389,12 @@ impl Store {
         for (name, value) in positions {
             wb.put(position_key(name), value.to_le_bytes());
         }
-        self.db.write(wb).map_err(|e| self.rocks(e))?;
-        self.lower_sweep_start(earliest)
+        self.write_lowering(wb, earliest, &WriteOptions::default())
     }
 
     /// Adds `records` to `wb` with the `t` index entry of every identity
-    /// put, and returns the earliest such entry: once `wb` is written, pass
-    /// it to [`Store::lower_sweep_start`].
+    /// put, and returns the earliest such entry (for
+    /// [`Store::write_lowering`]).
     fn batch_records(
         &self,
         wb: &mut WriteBatch,
@@ -420,15 +419,23 @@ impl Store {
         Ok(earliest)
     }
 
-    /// An index entry before the sweep's start (a vote time already past
-    /// the horizon) moves the start back.
-    fn lower_sweep_start(&self, t: Option<Vec<u8>>) -> Result<(), StoreError> {
-        if let Some(t) = t {
-            let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
-            if t < *from {
-                self.db.put(SWEEP_KEY, &t).map_err(|e| self.rocks(e))?;
-                *from = t;
-            }
+    /// Writes `wb`; an index entry in it before the sweep's start (`earliest`,
+    /// a vote time already past the horizon) moves the start back, in the
+    /// same write.
+    fn write_lowering(
+        &self,
+        mut wb: WriteBatch,
+        earliest: Option<Vec<u8>>,
+        opts: &WriteOptions,
+    ) -> Result<(), StoreError> {
+        let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
+        let lower = earliest.filter(|t| *t < *from);
+        if let Some(t) = &lower {
+            wb.put(SWEEP_KEY, t);
+        }
+        self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
+        if let Some(t) = lower {
+            *from = t;
         }
         Ok(())
     }
@@ -468,7 +475,6 @@ impl Store {
             }
             records.clear();
             encode_change(c, &mut records);
-
             match self.batch_records(&mut wb, &records) {
                 Err(e) => err = Some(e),
                 Ok(Some(t)) if bulk.earliest.as_ref().is_none_or(|e| t < *e) => {
@@ -509,10 +515,12 @@ impl Store {
                 self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
             }
         }
-        for wb in bulk.batches {
+        let mut batches = bulk.batches;
+        let last = batches.pop().unwrap_or_default();
+        for wb in batches {
             self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
         }
-        self.lower_sweep_start(bulk.earliest)
+        self.write_lowering(last, bulk.earliest, opts)
     }
 
     /// Ends a bulk write with the engine's remaining changes (and the
