@@ -493,6 +493,7 @@ impl Sections {
             retention_ns: seconds_to_ns(self.dedupe.retention_seconds),
             defaults,
             rubrics,
+            query_index: false,
         })
     }
 

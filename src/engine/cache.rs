@@ -70,6 +70,17 @@ pub(super) fn series_bytes(inference_id: &str, voter_prompt_id: &str, s: &Series
         + s.model_id.as_ref().map_or(0, |m| block(m.len()))
 }
 
+/// Approximate bytes of one voter waiting in the change list.
+pub(super) fn voter_bytes(key: &SeriesKey, voter: &str) -> usize {
+    // The entry (two Arc clones of the key, one of the voter) and the
+    // record it becomes.
+    std::mem::size_of::<(SeriesKey, std::sync::Arc<str>)>()
+        + 16
+        + key.inference_id.len()
+        + key.voter_prompt_id.len()
+        + voter.len()
+}
+
 fn shrink<K: Eq + std::hash::Hash, V>(map: &mut rustc_hash::FxHashMap<K, V>) {
     if map.len() < map.capacity() / 8 {
         map.shrink_to(map.len() * 2);
@@ -176,6 +187,7 @@ impl Engine {
             + self.dirty_batches.len()
             + self.deleted_batches.len()
             + self.dirty_dedupe.len()
+            + self.dirty_voters.len()
     }
 
     /// Drops the pending-change entries of batches opened and closed since
@@ -264,12 +276,19 @@ impl Engine {
 
     pub(super) fn touch_series_model(&mut self, key: &SeriesKey, model_id: Option<&str>) {
         let tick = self.tick;
+        let mut moved = None;
         let changed = match self.series.get_mut(key) {
             Some(e) => {
                 e.used = tick;
                 if e.state.model_id.is_none() && model_id.is_some() {
+                    let before = self
+                        .cfg
+                        .query_index
+                        .then(|| super::board::placement(&key.voter_prompt_id, &e.state));
                     e.state.model_id = model_id.map(Into::into);
+                    let after = super::board::placement(&key.voter_prompt_id, &e.state);
                     self.cache_bytes += model_id.map_or(0, |m| block(m.len()));
+                    moved = before.map(|b| (b, after));
                     true
                 } else {
                     false
@@ -283,6 +302,8 @@ impl Engine {
                     update_seq: 0,
                     abstentions: 0,
                     votes: 0,
+                    ambiguous: false,
+                    pending: 0,
                 };
                 self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
                 self.series.insert(
@@ -297,6 +318,9 @@ impl Engine {
                 true
             }
         };
+        if let Some((from, to)) = moved {
+            self.move_on_board(from, to);
+        }
         if changed {
             self.mark_series(key);
         }

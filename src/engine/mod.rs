@@ -5,6 +5,7 @@
 //! Kafka or tokio. The shells (`replay`, `service`) feed votes in, take the
 //! events out, and persist what [`Engine::drain_changes`] reports.
 
+pub mod board;
 mod cache;
 mod identity;
 
@@ -22,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::input::{Reason, Rejection, Vote};
 use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
+use board::{BoardKey, BoardRow, Placement};
 use cache::{IdentityEntry, SeriesEntry};
 use score::{Aggregator, TimeUnit};
 
@@ -50,6 +52,10 @@ pub struct EngineConfig {
     pub retention_ns: i128,
     pub defaults: RubricParams,
     pub rubrics: HashMap<String, RubricParams>,
+    /// Keep what the query API reads (SPEC §9): each series' voters and
+    /// the partition's leaderboard rows. Off for a temporary replay state,
+    /// which nobody queries.
+    pub query_index: bool,
 }
 
 impl EngineConfig {
@@ -95,6 +101,37 @@ pub struct SeriesState {
     pub abstentions: u64,
     /// Counted votes in every scored batch.
     pub votes: u64,
+    /// The last update's ambiguity flag (false before one).
+    pub ambiguous: bool,
+    /// Accepted votes in the series' open batches.
+    pub pending: u64,
+}
+
+/// [`SeriesState`] as stored before the query API (format ≤ 3), read from
+/// older directories and changelogs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SeriesStateV1 {
+    pub model_id: Option<Box<str>>,
+    pub score: f64,
+    pub last_vote_at: Option<Nanos>,
+    pub update_seq: u64,
+    pub abstentions: u64,
+    pub votes: u64,
+}
+
+impl From<SeriesStateV1> for SeriesState {
+    fn from(v: SeriesStateV1) -> SeriesState {
+        SeriesState {
+            model_id: v.model_id,
+            score: v.score,
+            last_vote_at: v.last_vote_at,
+            update_seq: v.update_seq,
+            abstentions: v.abstentions,
+            votes: v.votes,
+            ambiguous: false,
+            pending: 0,
+        }
+    }
 }
 
 /// A batch's place in the close order: (window start, series, opening order).
@@ -188,6 +225,10 @@ pub enum Change<'a> {
     /// again after the retention forgot it (its index entry goes).
     Dedupe(u128, Nanos, Option<Nanos>),
     Meta(&'a Meta),
+    /// A voter with an accepted vote on the series (`query_index` only).
+    Voter(&'a SeriesKey, &'a str),
+    /// A leaderboard row (`None`: no scored series left in it).
+    Board(&'a BoardKey, Option<&'a BoardRow>),
 }
 
 /// Summary counters, for metrics and progress.
@@ -225,6 +266,13 @@ pub struct Engine {
     /// Stored vote times of identities accepted again since the last drain.
     replaced_dedupe: FxHashMap<u128, Nanos>,
     meta_dirty: bool,
+    /// The partition's leaderboard (`query_index` only; one row per model
+    /// and rubric, so bounded by those, not by the series).
+    board: FxHashMap<BoardKey, BoardRow>,
+    dirty_board: Vec<BoardKey>,
+    /// Voters to record since the last drain (`query_index` only; counted
+    /// in `cache_bytes` so that a replay writes them out when it fills).
+    dirty_voters: Vec<(SeriesKey, Arc<str>)>,
     /// Approximate bytes of the cached series and identities.
     cache_bytes: usize,
     /// Use counter for least-recently-used eviction.
@@ -251,6 +299,9 @@ impl Engine {
             dirty_dedupe: Vec::new(),
             replaced_dedupe: FxHashMap::default(),
             meta_dirty: false,
+            board: FxHashMap::default(),
+            dirty_board: Vec::new(),
+            dirty_voters: Vec::new(),
             cache_bytes: 0,
             tick: 0,
             complete: true,
@@ -275,14 +326,48 @@ impl Engine {
         for (k, s) in series {
             e.provide_series(k, Some(s));
         }
+        let mut recounted = std::collections::HashSet::new();
         for (k, b) in batches {
             e.open.insert((k.series.clone(), k.window_start), k.seq);
             if let Some(s) = e.series.get_mut(&k.series) {
                 s.pins += 1;
+                // Recounted from the batches (a series stored before
+                // `pending` existed reads 0).
+                if recounted.insert(k.series.clone()) {
+                    s.state.pending = 0;
+                }
+                s.state.pending += b.entries.len() as u64;
             }
             e.batches.insert(k, Batch { stored: true, ..b });
         }
         e
+    }
+
+    /// Sets the leaderboard rows read from the store (after [`Engine::restore`]).
+    pub fn restore_board(&mut self, rows: impl IntoIterator<Item = (BoardKey, BoardRow)>) {
+        self.board = rows.into_iter().collect();
+    }
+
+    /// The partition's leaderboard rows (`query_index` only).
+    pub fn board(&self) -> &FxHashMap<BoardKey, BoardRow> {
+        &self.board
+    }
+
+    /// Moves a series' contribution from one place on the board to another.
+    fn move_on_board(&mut self, from: Placement, to: Placement) {
+        if from == to {
+            return;
+        }
+        for ((key, row), add) in [(from, false), (to, true)] {
+            let Some(row) = row else { continue };
+            let r = self.board.entry(key.clone()).or_default();
+            if add {
+                r.add(&row);
+            } else {
+                r.sub(&row);
+            }
+            self.dirty_board.push(key);
+        }
     }
 
     pub fn watermark(&self) -> Option<Nanos> {
@@ -373,11 +458,12 @@ impl Engine {
             live: true,
         };
         // Supersede: one vote per voter per batch; later timestamp wins, ties go to the later arrival.
-        if let Some(prev) = batch
+        let prev = batch
             .entries
             .iter_mut()
-            .find(|e| e.live && e.voter_id == entry.voter_id)
-        {
+            .find(|e| e.live && e.voter_id == entry.voter_id);
+        let new_voter = prev.is_none();
+        if let Some(prev) = prev {
             self.counters.superseded += 1;
             if entry.timestamp >= prev.timestamp {
                 prev.live = false;
@@ -397,6 +483,16 @@ impl Engine {
         if full {
             self.open.remove(&open_key);
         }
+        let (skey, _) = open_key;
+        if let Some(s) = self.series.get_mut(&skey) {
+            s.state.pending += 1;
+        }
+        if self.cfg.query_index && new_voter {
+            self.cache_bytes += cache::voter_bytes(&skey, &vote.voter_id);
+            self.dirty_voters
+                .push((skey.clone(), vote.voter_id.clone()));
+        }
+        self.mark_series(&skey);
         // (6) watermark.
         self.advance_to(vote.timestamp - self.cfg.grace_ns);
         let full_key = full.then_some(bkey);
@@ -470,6 +566,7 @@ impl Engine {
         if self.open.get(&open_key) == Some(&key.seq) {
             self.open.remove(&open_key);
         }
+        let accepted = batch.entries.len() as u64;
         let superseded = batch.entries.iter().filter(|e| !e.live).count() as u32;
         let abstentions = batch
             .entries
@@ -492,6 +589,7 @@ impl Engine {
         entry.pins = entry.pins.saturating_sub(1);
         let state = &mut entry.state;
         state.abstentions += u64::from(abstentions);
+        state.pending = state.pending.saturating_sub(accepted);
         if counted.is_empty() {
             self.mark_series(&key.series.clone());
             return;
@@ -533,10 +631,17 @@ impl Engine {
             cfg.min_votes,
             params.variance_threshold,
         );
+        let before = cfg
+            .query_index
+            .then(|| board::placement(&key.series.voter_prompt_id, state));
         state.score = new_score;
         state.last_vote_at = Some(last);
         state.update_seq += 1;
         state.votes += counted.len() as u64;
+        state.ambiguous = ambiguous;
+        let after = before
+            .is_some()
+            .then(|| board::placement(&key.series.voter_prompt_id, state));
         self.counters.score_updates += 1;
         if ambiguous {
             self.counters.flags += 1;
@@ -564,6 +669,9 @@ impl Engine {
             variance: m.variance,
             votes: counted,
         });
+        if let (Some(from), Some(to)) = (before, after) {
+            self.move_on_board(from, to);
+        }
         self.mark_series(&key.series.clone());
     }
 
@@ -591,6 +699,23 @@ impl Engine {
             if let Some(e) = self.dedupe.get_mut(&id) {
                 e.dirty = false;
                 sink(Change::Dedupe(id, e.at, self.replaced_dedupe.remove(&id)));
+            }
+        }
+        for (k, voter) in self.dirty_voters.drain(..) {
+            self.cache_bytes = self
+                .cache_bytes
+                .saturating_sub(cache::voter_bytes(&k, &voter));
+            sink(Change::Voter(&k, &voter));
+        }
+        if !self.dirty_board.is_empty() {
+            self.dirty_board.sort_unstable();
+            self.dirty_board.dedup();
+            for k in self.dirty_board.drain(..) {
+                let row = self.board.get(&k).copied().filter(|r| r.series > 0);
+                if row.is_none() {
+                    self.board.remove(&k);
+                }
+                sink(Change::Board(&k, row.as_ref()));
             }
         }
         if std::mem::take(&mut self.meta_dirty) {

@@ -21,6 +21,7 @@ fn cfg() -> EngineConfig {
             temperature: 0.5,
         },
         rubrics: HashMap::new(),
+        query_index: true,
     }
 }
 
@@ -250,9 +251,38 @@ struct Model {
     series: HashMap<SeriesKey, SeriesState>,
     batches: BTreeMap<BatchKey, Batch>,
     dedupe: HashMap<u128, Nanos>,
+    voters: std::collections::BTreeSet<(SeriesKey, String)>,
+    board: HashMap<BoardKey, BoardRow>,
 }
 
 impl Model {
+    /// The leaderboard computed from scratch from the stored series.
+    fn board_from_series(&self) -> HashMap<BoardKey, BoardRow> {
+        let mut rows: HashMap<BoardKey, BoardRow> = HashMap::new();
+        for (k, s) in &self.series {
+            let (key, row) = board::placement(&k.voter_prompt_id, s);
+            if let Some(row) = row {
+                rows.entry(key).or_default().add(&row);
+            }
+        }
+        rows
+    }
+
+    /// Stored `pending` of every series equals the entries of its stored
+    /// open batches; the stored board equals one computed from the series.
+    fn check_derived(&self) {
+        for (k, s) in &self.series {
+            let n: usize = self
+                .batches
+                .iter()
+                .filter(|(b, _)| b.series == *k)
+                .map(|(_, b)| b.entries.len())
+                .sum();
+            assert_eq!(s.pending, n as u64, "pending of {k:?}");
+        }
+        assert_eq!(self.board, self.board_from_series());
+    }
+
     fn persist(&mut self, e: &mut Engine) {
         e.drain_changes(|c| match c {
             Change::Series(k, s) => {
@@ -268,6 +298,15 @@ impl Model {
                 self.dedupe.insert(id, t);
             }
             Change::Meta(m) => self.meta = *m,
+            Change::Voter(k, v) => {
+                self.voters.insert((k.clone(), v.to_owned()));
+            }
+            Change::Board(k, Some(r)) => {
+                self.board.insert(k.clone(), *r);
+            }
+            Change::Board(k, None) => {
+                self.board.remove(k);
+            }
         });
     }
 
@@ -277,7 +316,9 @@ impl Model {
             .keys()
             .map(|k| (k.series.clone(), self.series[&k.series].clone()))
             .collect();
-        Engine::restore(cfg(), self.meta, series, self.batches.clone(), false)
+        let mut e = Engine::restore(cfg(), self.meta, series, self.batches.clone(), false);
+        e.restore_board(self.board.clone());
+        e
     }
 
     fn load(&self, e: &mut Engine, v: &Vote) {
@@ -324,9 +365,15 @@ fn changes_round_trip_through_restore() {
 fn an_empty_cache_gives_the_same_answers_as_a_full_one() {
     // Duplicates across evictions, series scored again after eviction,
     // open batches across persists.
+    let with_model = |mut v: Vote, m: &str| {
+        v.model_id = Some(m.into());
+        v
+    };
     let votes = [
         vote("i", "a", Some(1.0), "2024-01-01T00:00:01Z"),
         vote("j", "a", Some(0.0), "2024-01-01T00:00:02Z"),
+        vote("k", "a", Some(0.9), "2024-01-01T00:00:03Z"),
+        vote("k", "b", Some(0.1), "2024-01-01T00:00:04Z"),
         vote("i", "a", Some(1.0), "2024-01-01T00:00:01Z"),
         vote("i", "b", Some(0.0), "2024-01-01T00:01:10Z"),
         vote("j", "b", None, "2024-01-01T00:01:11Z"),
@@ -334,6 +381,9 @@ fn an_empty_cache_gives_the_same_answers_as_a_full_one() {
         vote("i", "c", Some(0.5), "2024-01-01T00:03:20Z"),
         vote("j", "c", Some(0.5), "2024-01-01T00:05:20Z"),
         vote("j", "b", None, "2024-01-01T00:01:11Z"),
+        // A series scored without a model gets one: its row moves.
+        with_model(vote("k", "c", Some(0.2), "2024-01-01T00:05:21Z"), "m1"),
+        with_model(vote("i", "d", Some(0.3), "2024-01-01T00:05:22Z"), "m1"),
     ];
     let mut full = Engine::new(cfg());
     let (mut want, want_o) = run(&mut full, &votes);
@@ -347,6 +397,7 @@ fn an_empty_cache_gives_the_same_answers_as_a_full_one() {
         m.load(&mut e, v);
         got_o.push(e.process(v, &mut got));
         m.persist(&mut e);
+        m.check_derived();
         e.evict(0);
         assert!(!e.is_complete());
         if i % 3 == 2 {
@@ -358,6 +409,25 @@ fn an_empty_cache_gives_the_same_answers_as_a_full_one() {
     assert_eq!(got_o, want_o);
     assert_eq!(got, want);
     assert!(want_o.contains(&Outcome::Duplicate));
+    m.persist(&mut e);
+    m.check_derived();
+    let mut whole = Model::default();
+    whole.persist(&mut full);
+    assert_eq!(m.board, whole.board);
+    assert_eq!(m.voters, whole.voters);
+    let rows: Vec<_> = m
+        .board
+        .iter()
+        .map(|(k, r)| (k.model_id.as_deref(), &*k.voter_prompt_id, r.series))
+        .collect();
+    assert!(rows.contains(&(Some("m1"), "r", 2)), "{rows:?}");
+    let voters_of_i: Vec<&str> = m
+        .voters
+        .iter()
+        .filter(|(k, _)| &*k.inference_id == "i")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    assert_eq!(voters_of_i, ["a", "b", "c", "d"]);
 }
 
 #[test]

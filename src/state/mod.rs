@@ -18,6 +18,8 @@
 //! - `t` time key (16) identity  → empty: local index of `d` by vote time,
 //!   written by [`Store::apply`] with every `d` put, never sent anywhere;
 //!   [`Store::sweep`] walks it to forget identities past the retention
+//! - `v` len(inf) inf len(vp) vp voter → empty: the series' voters (query API)
+//! - `l` postcard([`BoardKey`])   → [`BoardRow`]: the partition's leaderboard
 //! - `p` name                    → shell positions (input offset, changelog offset)
 //! - `c`, `o`…                   → the service's cycle marker and outbox
 //!   (`crate::service::changelog`); stored here, never interpreted here
@@ -30,8 +32,10 @@ use rocksdb::{
 };
 use thiserror::Error;
 
+use crate::engine::board::{BoardKey, BoardRow};
 use crate::engine::{
-    Batch, BatchKey, Change, Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants,
+    Batch, BatchKey, Change, Engine, EngineConfig, Meta, SeriesKey, SeriesState, SeriesStateV1,
+    Wants,
 };
 use crate::time::Nanos;
 
@@ -92,6 +96,26 @@ fn series_prefix(inference_id: &str) -> Vec<u8> {
     out
 }
 
+/// `v` key prefix of a series' voters.
+fn voter_prefix(k: &SeriesKey) -> Vec<u8> {
+    let (inf, vp) = (k.inference_id.as_bytes(), k.voter_prompt_id.as_bytes());
+    let mut out = Vec::with_capacity(9 + inf.len() + vp.len());
+    out.push(b'v');
+    out.extend_from_slice(&(inf.len() as u32).to_be_bytes());
+    out.extend_from_slice(inf);
+    out.extend_from_slice(&(vp.len() as u32).to_be_bytes());
+    out.extend_from_slice(vp);
+    out
+}
+
+/// A stored series state, in the current layout or the one before
+/// `ambiguous` and `pending` (format ≤ 3; postcard has no optional trailing
+/// fields, so the old layout fails to decode as the new one).
+pub fn decode_series(v: &[u8]) -> Result<SeriesState, postcard::Error> {
+    postcard::from_bytes::<SeriesState>(v)
+        .or_else(|_| postcard::from_bytes::<SeriesStateV1>(v).map(SeriesState::from))
+}
+
 fn parse_series_key(key: &[u8]) -> Option<SeriesKey> {
     let len = u32::from_be_bytes(key.get(1..5)?.try_into().ok()?) as usize;
     let inf = std::str::from_utf8(key.get(5..5 + len)?).ok()?;
@@ -142,6 +166,16 @@ fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
             (key, Some(at.to_le_bytes().to_vec()))
         }
         Change::Meta(m) => (META_KEY.to_vec(), Some(enc(m))),
+        Change::Voter(k, voter) => {
+            let mut key = voter_prefix(k);
+            key.extend_from_slice(voter.as_bytes());
+            (key, Some(Vec::new()))
+        }
+        Change::Board(k, row) => {
+            let mut key = vec![b'l'];
+            key.extend_from_slice(&enc(k));
+            (key, row.map(enc))
+        }
     };
     out.push(record);
 }
@@ -155,9 +189,10 @@ pub fn encode_changes_into(engine: &mut Engine, out: &mut Vec<Record>) {
 const INCOMPLETE: &str = "incomplete_write";
 
 /// Position name of the key layout version; 2 added the `t` index, 3 keeps
-/// only current entries in it.
+/// only current entries in it, 4 added the leaderboard (`l`), the voters
+/// (`v`) and the series' `ambiguous` and `pending`.
 const FORMAT: &str = "format";
-const FORMAT_VERSION: i64 = 3;
+const FORMAT_VERSION: i64 = 4;
 
 /// Most identities one [`Store::sweep`] call forgets (bounds a cycle's work).
 pub const SWEEP_LIMIT: usize = 10_000;
@@ -325,8 +360,16 @@ impl Store {
     /// Brings a directory written before the `t` index up to date (one pass
     /// over its identities, once).
     fn upgrade(&self) -> Result<(), StoreError> {
-        if self.position(FORMAT)?.unwrap_or(0) >= FORMAT_VERSION {
+        let format = self.position(FORMAT)?.unwrap_or(0);
+        if format >= FORMAT_VERSION {
             return Ok(());
+        }
+        if format >= 3 {
+            // Only the leaderboard is new: built from the series, once.
+            let mut wb = WriteBatch::default();
+            self.rebuild_board(&mut wb)?;
+            wb.put(position_key(FORMAT), FORMAT_VERSION.to_le_bytes());
+            return self.db.write(wb).map_err(|e| self.rocks(e));
         }
         // Format 2 could leave an index entry behind when an identity was
         // accepted again; the index is rebuilt from the identities.
@@ -345,6 +388,7 @@ impl Store {
                     .map_err(|e| self.rocks(e))?;
             }
         }
+        self.rebuild_board(&mut wb)?;
         wb.put(position_key(FORMAT), FORMAT_VERSION.to_le_bytes());
         self.db.write(wb).map_err(|e| self.rocks(e))?;
         if n > 0 {
@@ -352,6 +396,56 @@ impl Store {
                 "state directory upgraded: vote identities indexed by vote time");
         }
         Ok(())
+    }
+
+    /// Puts the leaderboard rows computed from every stored series into `wb`
+    /// (a directory written before the leaderboard existed; its voters are
+    /// not known and stay empty).
+    fn rebuild_board(&self, wb: &mut WriteBatch) -> Result<(), StoreError> {
+        let mut rows: std::collections::BTreeMap<BoardKey, BoardRow> = Default::default();
+        for item in self.prefix(b"s") {
+            let (k, v) = item?;
+            let key = parse_series_key(&k).ok_or_else(|| self.corrupt(&k, "bad series key"))?;
+            let s = decode_series(&v).map_err(|e| self.corrupt(&k, e))?;
+            let (bk, row) = crate::engine::board::placement(&key.voter_prompt_id, &s);
+            if let Some(row) = row {
+                rows.entry(bk).or_default().add(&row);
+            }
+        }
+        wb.delete_range(b"l", b"m");
+        for (k, row) in &rows {
+            wb.put([&b"l"[..], &enc(k)].concat(), enc(row));
+        }
+        Ok(())
+    }
+
+    /// The partition's leaderboard rows.
+    pub fn board(&self) -> Result<Vec<(BoardKey, BoardRow)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.prefix(b"l") {
+            let (k, v) = item?;
+            let key = postcard::from_bytes(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            let row = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            out.push((key, row));
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` voters of a series, sorted byte-wise, and whether it
+    /// has more.
+    pub fn voters(&self, k: &SeriesKey, limit: usize) -> Result<(Vec<String>, bool), StoreError> {
+        let prefix = voter_prefix(k);
+        let mut out = Vec::new();
+        for item in self.prefix(&prefix) {
+            let (key, _) = item?;
+            if out.len() == limit {
+                return Ok((out, true));
+            }
+            let voter =
+                std::str::from_utf8(&key[prefix.len()..]).map_err(|e| self.corrupt(&key, e))?;
+            out.push(voter.to_owned());
+        }
+        Ok((out, false))
     }
 
     /// Iterates the records whose key starts with `prefix`.
@@ -459,7 +553,10 @@ impl Store {
     /// Loads what a partition needs in memory: its values, its open batches
     /// and their series. Series and identities stay on disk until a vote
     /// needs them, so this is O(open state), not O(history).
-    pub fn load(&self, cfg: EngineConfig) -> Result<(Engine, RestoreStats), StoreError> {
+    pub fn load(&self, mut cfg: EngineConfig) -> Result<(Engine, RestoreStats), StoreError> {
+        // What the query API reads is kept in every state but a temporary
+        // one (a replay without --state-dir), which nobody can query.
+        cfg.query_index = self.time_index;
         if self.position(INCOMPLETE)?.is_some() {
             return Err(self.corrupt(
                 INCOMPLETE.as_bytes(),
@@ -484,7 +581,7 @@ impl Store {
                 let state = self
                     .get(&sk)?
                     .ok_or_else(|| self.corrupt(&sk, "an open batch's series is missing"))?;
-                let state = postcard::from_bytes(&state).map_err(|e| self.corrupt(&sk, e))?;
+                let state = decode_series(&state).map_err(|e| self.corrupt(&sk, e))?;
                 series.push((key.series.clone(), state));
             }
             batches.push((key, b));
@@ -494,7 +591,14 @@ impl Store {
             series: series.len() as u64,
             batches: batches.len() as u64,
         };
-        Ok((Engine::restore(cfg, meta, series, batches, empty), stats))
+        let board = if cfg.query_index {
+            self.board()?
+        } else {
+            Vec::new()
+        };
+        let mut engine = Engine::restore(cfg, meta, series, batches, empty);
+        engine.restore_board(board);
+        Ok((engine, stats))
     }
 
     /// Hands the engine what `wants` name, read from the store (one
@@ -512,7 +616,7 @@ impl Store {
         let keys: Vec<Vec<u8>> = series.iter().map(|k| series_key_bytes(k)).collect();
         self.multi_get(&keys, |i, v| {
             let state = match v {
-                Some(v) => Some(postcard::from_bytes(v).map_err(|e| self.corrupt(&keys[i], e))?),
+                Some(v) => Some(decode_series(v).map_err(|e| self.corrupt(&keys[i], e))?),
                 None => None,
             };
             loaded.series.push((series[i].clone(), state));
@@ -598,7 +702,7 @@ impl Store {
             if &*key.inference_id != inference_id {
                 continue;
             }
-            let s: SeriesState = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            let s = decode_series(&v).map_err(|e| self.corrupt(&k, e))?;
             out.push((key, s));
         }
         Ok(out)
