@@ -71,6 +71,7 @@ pub struct Config {
     pub dedupe: Dedupe,
     pub outputs: Outputs,
     pub metrics: Metrics,
+    pub api: Api,
     pub kafka: Kafka,
     pub state: State,
     pub log: Log,
@@ -89,6 +90,7 @@ struct Sections {
     dedupe: Dedupe,
     outputs: Outputs,
     metrics: Metrics,
+    api: Api,
     kafka: Kafka,
     state: State,
     log: Log,
@@ -153,6 +155,18 @@ pub struct Outputs {
 pub struct Metrics {
     pub listen: String,
     pub max_label_values: i64,
+}
+
+/// The query API (SPEC §9).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Api {
+    /// Bearer token required on `/v1/*` (empty: none).
+    pub token: String,
+    /// Base URLs of the group's instances, asked for the partitions this
+    /// one does not hold.
+    pub peers: Vec<String>,
+    pub peer_timeout_ms: i64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -289,6 +303,7 @@ impl Config {
             dedupe: s.dedupe,
             outputs: s.outputs,
             metrics: s.metrics,
+            api: s.api,
             kafka: s.kafka,
             state: s.state,
             log: s.log,
@@ -342,6 +357,7 @@ const DEFAULT_SECTIONS: &[&str] = &[
     "kafka",
     "state",
     "log",
+    "api",
 ];
 
 /// An error about a key an environment variable set names that variable:
@@ -432,6 +448,22 @@ impl Sections {
             1,
             MAX_LABEL_VALUES,
         )?;
+        in_range(
+            "api.peer_timeout_ms",
+            self.api.peer_timeout_ms,
+            1,
+            MAX_MILLIS,
+        )?;
+        for p in &self.api.peers {
+            let ok = p
+                .strip_prefix("http://")
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains(['?', '#']));
+            if !ok {
+                return Err(ConfigError(format!(
+                    "api.peers: {p:?} is not an http:// base URL (like \"http://host:9464\")"
+                )));
+            }
+        }
         let k = &self.kafka;
         if k.input_topics.is_empty() || k.input_topics.iter().any(String::is_empty) {
             return Err(ConfigError(

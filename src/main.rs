@@ -112,6 +112,30 @@ enum Command {
         #[arg(long, value_name = "ID")]
         inference: String,
     },
+    /// Ask a running service's query API and print the answer as pretty JSON.
+    ///
+    /// Any instance of the group answers for every partition (it asks the
+    /// instances in api.peers). Exit status 1 on an error answer (404 unknown
+    /// inference, 503 while a partition restores, 401 wrong token), whose
+    /// JSON goes to stderr.
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["inference", "leaderboard"])))]
+    Query {
+        /// Base URL of an instance (its metrics.listen), e.g. http://127.0.0.1:9464.
+        #[arg(long, value_name = "URL")]
+        url: String,
+        /// Print one inference's series (GET /v1/inferences/{id}).
+        #[arg(long, value_name = "ID")]
+        inference: Option<String>,
+        /// Print the model leaderboard (GET /v1/leaderboard).
+        #[arg(long)]
+        leaderboard: bool,
+        /// With --leaderboard: only this rubric.
+        #[arg(long, value_name = "R", requires = "leaderboard")]
+        voter_prompt_id: Option<String>,
+        /// Bearer token (the service's api.token).
+        #[arg(long, env = "JURYSTREAM_API__TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
 }
 
 fn init_logging(json: bool) {
@@ -254,7 +278,9 @@ fn main() -> ExitCode {
                 Some(addr) => {
                     let m =
                         jurystream::telemetry::Metrics::new(cfg.metrics.max_label_values as usize);
-                    if let Err(e) = jurystream::telemetry::serve(addr, m.clone()) {
+                    if let Err(e) =
+                        jurystream::telemetry::serve(addr, m.clone(), Default::default())
+                    {
                         eprintln!("jurystream: cannot listen on {addr}: {e}");
                         return ExitCode::FAILURE;
                     }
@@ -296,6 +322,24 @@ fn main() -> ExitCode {
         } => jurystream::inspect::inspect(&state_dir, &inference).map(|v| {
             println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         }),
+        Command::Query {
+            url,
+            inference,
+            leaderboard: _,
+            voter_prompt_id,
+            token,
+        } => {
+            use jurystream::api::percent_encode;
+            let path = match (inference, voter_prompt_id) {
+                (Some(id), _) => format!("/v1/inferences/{}", percent_encode(&id)),
+                (None, Some(r)) => {
+                    format!("/v1/leaderboard?voter_prompt_id={}", percent_encode(&r))
+                }
+                (None, None) => "/v1/leaderboard".to_owned(),
+            };
+            jurystream::api::http::query(&url, &path, token.as_deref())
+                .map(|text| println!("{text}"))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

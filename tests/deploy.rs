@@ -253,6 +253,8 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
         "jurystream_votes_rejected_total",
         "jurystream_consumer_lag_messages",
         "jurystream_commit_duration_seconds",
+        "jurystream_model_score_sum",
+        "jurystream_model_series",
     ] {
         assert!(alert_used.contains(m), "no alert uses {m}");
     }
@@ -355,4 +357,191 @@ fn every_alert_has_labels_annotations_runbook_and_a_unit_test() {
         );
     }
     assert!(names.len() >= 6);
+}
+
+/// The value of the first `key:` line at exactly `indent` spaces.
+fn yaml_scalar(text: &str, indent: usize, key: &str) -> Option<String> {
+    let prefix = format!("{}{key}:", " ".repeat(indent));
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// The `config.toml: |` block of deploy/k8s/configmap.yaml, dedented and
+/// parsed.
+fn k8s_config() -> toml::Table {
+    let text = read("deploy/k8s/configmap.yaml");
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == "config.toml: |")
+        .expect("configmap.yaml: no `config.toml: |` block");
+    let indent = lines[start].len() - lines[start].trim_start().len();
+    let mut block = Vec::new();
+    for l in &lines[start + 1..] {
+        let t = l.trim_start();
+        if !t.is_empty() && l.len() - t.len() <= indent {
+            break;
+        }
+        block.push(*l);
+    }
+    let cut = block
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    let mut toml_text = String::new();
+    for l in &block {
+        toml_text.push_str(l.get(cut..).unwrap_or(""));
+        toml_text.push('\n');
+    }
+    toml_text
+        .parse()
+        .unwrap_or_else(|e| panic!("configmap.yaml config.toml: {e}\n{toml_text}"))
+}
+
+/// api.peers in the Kubernetes ConfigMap names every StatefulSet pod, once,
+/// through the headless Service that is the StatefulSet's serviceName, on
+/// the port of metrics.listen (the query API's listener).
+#[test]
+fn k8s_api_peers_list_one_url_per_statefulset_replica() {
+    let sts = read("deploy/k8s/statefulset.yaml");
+    let svc = read("deploy/k8s/service.yaml");
+    let name = yaml_scalar(&sts, 2, "name").expect("statefulset.yaml: metadata.name");
+    let service = yaml_scalar(&sts, 2, "serviceName").expect("statefulset.yaml: spec.serviceName");
+    let replicas: usize = yaml_scalar(&sts, 2, "replicas")
+        .expect("statefulset.yaml: spec.replicas")
+        .parse()
+        .expect("spec.replicas is a number");
+    assert!(replicas >= 1);
+    assert_eq!(
+        yaml_scalar(&svc, 2, "name").as_deref(),
+        Some(service.as_str()),
+        "service.yaml must define the StatefulSet's serviceName {service}"
+    );
+    assert_eq!(
+        yaml_scalar(&svc, 2, "clusterIP").as_deref(),
+        Some("None"),
+        "service.yaml: the StatefulSet's Service must be headless (clusterIP: None)"
+    );
+
+    let conf = k8s_config();
+    let listen = conf
+        .get("metrics")
+        .and_then(|m| m.get("listen"))
+        .and_then(|v| v.as_str());
+    assert_eq!(listen, Some("0.0.0.0:9464"), "configmap: metrics.listen");
+    let port = "9464";
+    let peers: Vec<String> = conf
+        .get("api")
+        .and_then(|a| a.get("peers"))
+        .and_then(|p| p.as_array())
+        .expect("configmap: api.peers must be an array")
+        .iter()
+        .map(|p| {
+            p.as_str()
+                .expect("api.peers entries are strings")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        peers.len(),
+        replicas,
+        "configmap api.peers must list one URL per StatefulSet replica ({replicas}): {peers:?}"
+    );
+    for (i, url) in peers.iter().enumerate() {
+        let rest = url
+            .strip_prefix("http://")
+            .unwrap_or_else(|| panic!("api.peers[{i}] {url}: not http://"));
+        let authority = rest.trim_end_matches('/');
+        assert!(
+            !authority.contains('/'),
+            "api.peers[{i}] {url}: a base URL has no path"
+        );
+        let (host, p) = authority
+            .rsplit_once(':')
+            .unwrap_or_else(|| panic!("api.peers[{i}] {url}: no port"));
+        assert_eq!(p, port, "api.peers[{i}] {url}: port of metrics.listen");
+        // pod <name>-<i> through the headless Service: the short name, or
+        // a longer one (<ns>.svc[.cluster.local]) after it.
+        let pod_host = format!("{name}-{i}.{service}");
+        assert!(
+            host == pod_host || host.starts_with(&format!("{pod_host}.")),
+            "api.peers[{i}] {url}: expected pod {name}-{i} of Service {service} ({pod_host}[.<ns>.svc...])"
+        );
+    }
+}
+
+/// The leaderboard panels and the score-drop alert use the two gauges of
+/// SPEC §8 (v2); the alert's threshold is the one recording rule.
+#[test]
+fn leaderboard_panels_and_score_drop_alert() {
+    let d: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dashboards/jurystream.json")).unwrap();
+    let panel = |title: &str| -> serde_json::Value {
+        d["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["title"] == title)
+            .unwrap_or_else(|| panic!("dashboard: no panel {title:?}"))
+            .clone()
+    };
+    let exprs = |p: &serde_json::Value| -> String {
+        p["targets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["expr"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let table = panel("Model leaderboard");
+    assert_eq!(table["type"], "table");
+    for t in table["targets"].as_array().unwrap() {
+        assert_eq!(
+            t["instant"], true,
+            "leaderboard targets are instant queries"
+        );
+        assert_eq!(t["format"], "table");
+    }
+    let over_time = panel("Mean score by model over time");
+    assert_eq!(over_time["type"], "timeseries");
+    for p in [&table, &over_time] {
+        let e = exprs(p);
+        for m in ["jurystream_model_score_sum", "jurystream_model_series"] {
+            assert!(e.contains(m), "panel {}: does not use {m}: {e}", p["title"]);
+        }
+        assert!(
+            e.contains("by (model_id, voter_prompt_id)"),
+            "panel {}: per model and rubric: {e}",
+            p["title"]
+        );
+    }
+
+    let rules = read("deploy/prometheus/alerts.yml");
+    assert_eq!(
+        rules
+            .matches("- record: jurystream:model_score_drop_threshold\n")
+            .count(),
+        1,
+        "alerts.yml: one recording rule jurystream:model_score_drop_threshold"
+    );
+    let (_, expr, _) = alert_rules()
+        .into_iter()
+        .find(|(n, _, _)| n == "JurystreamModelScoreDropped")
+        .expect("alert JurystreamModelScoreDropped");
+    for needle in [
+        "jurystream:model_score_drop_threshold",
+        "offset 1h",
+        "jurystream_model_score_sum",
+        "jurystream_model_series",
+    ] {
+        assert!(
+            expr.contains(needle),
+            "JurystreamModelScoreDropped: no {needle}: {expr}"
+        );
+    }
 }

@@ -3,7 +3,10 @@
 //! of deploy/prometheus/alerts.yml loaded. Checks that every dashboard query
 //! returns data, every rule loads and evaluates, `promtool check metrics`
 //! accepts the exposition, and the metric values equal what the output
-//! topics hold.
+//! topics hold (the counters, and the leaderboard gauges
+//! `jurystream_model_series` / `jurystream_model_score_sum` against the final
+//! scores of the scores topic, also through the dashboard's leaderboard
+//! table).
 //!
 //! Skipped when tansu or prometheus is not installed, unless
 //! JURYSTREAM_REQUIRE_BROKER=1 (scripts/test.sh sets it; then it fails).
@@ -440,6 +443,134 @@ fn batch_sum(scores: &[Value], field: &str) -> u64 {
         .sum()
 }
 
+/// `k="v",k2="v2"` of an exposition line (values unescaped).
+fn parse_labels(labels: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut rest = labels.trim();
+    while !rest.is_empty() {
+        let (key, after) = rest
+            .split_once("=\"")
+            .unwrap_or_else(|| panic!("bad label set {labels:?}"));
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next().map(|(_, e)| e) {
+                    Some('n') => value.push('\n'),
+                    Some(e) => value.push(e),
+                    None => break,
+                },
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        let end = end.unwrap_or_else(|| panic!("unterminated label value in {labels:?}"));
+        out.insert(key.trim().trim_start_matches(',').trim().to_owned(), value);
+        rest = after[end + 1..].trim_start_matches(',').trim();
+    }
+    out
+}
+
+/// Per (model_id, voter_prompt_id) label pair (a missing model is
+/// "unknown"): the number of scored series and the sum of their current
+/// scores, from the committed score_updated events (a series' current score
+/// is that of its highest update_seq). generate_votes gives every vote of an
+/// inference the same model_id, so a series never changes pair.
+fn expected_model_gauges(scores: &[Value]) -> BTreeMap<(String, String), (u64, f64)> {
+    let mut latest: BTreeMap<(String, String), (u64, f64, String)> = BTreeMap::new();
+    for e in scores {
+        let series = (
+            e["inference_id"].as_str().unwrap().to_owned(),
+            e["voter_prompt_id"].as_str().unwrap().to_owned(),
+        );
+        let seq = e["update_seq"].as_u64().unwrap();
+        let score = e["score"].as_f64().unwrap();
+        let model = e["model_id"].as_str().unwrap_or("unknown").to_owned();
+        let slot = latest.entry(series).or_insert((0, 0.0, String::new()));
+        if seq > slot.0 {
+            *slot = (seq, score, model);
+        }
+    }
+    let mut pairs: BTreeMap<(String, String), (u64, f64)> = BTreeMap::new();
+    for ((_, rubric), (_, score, model)) in latest {
+        let p = pairs.entry((model, rubric)).or_insert((0, 0.0));
+        p.0 += 1;
+        p.1 += score;
+    }
+    pairs
+}
+
+/// What is wrong with jurystream_model_series / jurystream_model_score_sum
+/// in the exposition `text`, against `want` (one instance holds every
+/// partition, so its gauges are the whole leaderboard).
+fn model_gauge_mismatches(
+    text: &str,
+    want: &BTreeMap<(String, String), (u64, f64)>,
+) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for name in ["jurystream_model_series", "jurystream_model_score_sum"] {
+        if !text.contains(&format!("# TYPE {name} gauge\n")) {
+            wrong.push(format!("no `# TYPE {name} gauge` in the exposition"));
+        }
+    }
+    let read = |name: &str, wrong: &mut Vec<String>| -> BTreeMap<(String, String), f64> {
+        let mut m = BTreeMap::new();
+        for (labels, v) in exposition_values(text, name) {
+            let l = parse_labels(&labels);
+            let keys: Vec<&str> = l.keys().map(String::as_str).collect();
+            if keys != ["model_id", "voter_prompt_id"] {
+                wrong.push(format!(
+                    "{name}{{{labels}}}: labels must be exactly model_id and voter_prompt_id"
+                ));
+                continue;
+            }
+            m.insert((l["model_id"].clone(), l["voter_prompt_id"].clone()), v);
+        }
+        m
+    };
+    let series = read("jurystream_model_series", &mut wrong);
+    let sums = read("jurystream_model_score_sum", &mut wrong);
+    for ((model, rubric), (n, sum)) in want {
+        let key = (model.clone(), rubric.clone());
+        let what = format!("model_id={model} voter_prompt_id={rubric}");
+        match (series.get(&key), sums.get(&key)) {
+            (Some(&got_n), Some(&got_sum)) => {
+                if !(got_n >= 1.0 && (0.0..=got_n).contains(&got_sum)) {
+                    wrong.push(format!(
+                        "{what}: series {got_n}, score_sum {got_sum}: want series >= 1 and 0 <= score_sum <= series"
+                    ));
+                }
+                if got_n != *n as f64 {
+                    wrong.push(format!(
+                        "{what}: jurystream_model_series {got_n}, but {n} scored series in the scores topic"
+                    ));
+                }
+                if (got_sum - sum).abs() > 1e-6 {
+                    wrong.push(format!(
+                        "{what}: jurystream_model_score_sum {got_sum}, but the current scores in the scores topic sum to {sum}"
+                    ));
+                }
+            }
+            (n_got, sum_got) => wrong.push(format!(
+                "{what} has scored series but jurystream_model_series {n_got:?}, jurystream_model_score_sum {sum_got:?}"
+            )),
+        }
+    }
+    for key in series.keys().chain(sums.keys()) {
+        if !want.contains_key(key) && series.get(key).copied().unwrap_or(0.0) > 0.0 {
+            wrong.push(format!(
+                "model_id={} voter_prompt_id={}: gauges report scored series the scores topic does not have",
+                key.0, key.1
+            ));
+        }
+    }
+    wrong
+}
+
 #[test]
 fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
     let Some(mut r) = run("scrape", 11) else {
@@ -504,6 +635,19 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
         superseded >= batch_sum(&r.scores, "superseded") as f64,
         "superseded {superseded} < Σ batch.superseded"
     );
+    // The leaderboard gauges (SPEC §8, v2): one sample per model and
+    // rubric with a scored series, equal to the final state of the scores
+    // topic.
+    let leaderboard = expected_model_gauges(&r.scores);
+    assert!(
+        leaderboard.len() >= 3,
+        "the stream scores several models and rubrics: {leaderboard:?}"
+    );
+    eventually(
+        "jurystream_model_series and jurystream_model_score_sum in /metrics",
+        Duration::from_secs(30),
+        || model_gauge_mismatches(&scrape(metrics_port), &leaderboard),
+    );
 
     // The same values through Prometheus (after its next scrapes).
     eventually(
@@ -542,6 +686,12 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
     // and rubric.
     let queries = dashboard_queries();
     assert!(queries.len() >= 15);
+    for title in ["Model leaderboard", "Mean score by model over time"] {
+        assert!(
+            queries.iter().any(|(t, _, _)| t == title),
+            "dashboard panel {title:?} missing"
+        );
+    }
     for (model, rubric) in [(".*", ".*"), ("gpt-4o", "accuracy")] {
         eventually(
             &format!("every dashboard query to return a series (model={model}, rubric={rubric})"),
@@ -560,6 +710,60 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
             },
         );
     }
+
+    // The leaderboard table's queries (mean score, series) give the
+    // leaderboard of the scores topic, per model and rubric.
+    let table_query = |refid: &str| -> String {
+        let (_, _, expr) = queries
+            .iter()
+            .find(|(t, r, _)| t == "Model leaderboard" && r == refid)
+            .unwrap_or_else(|| panic!("Model leaderboard has no target {refid}"));
+        substitute(expr, ".*", ".*")
+    };
+    let (mean_q, series_q) = (table_query("A"), table_query("B"));
+    eventually(
+        "the leaderboard through Prometheus",
+        Duration::from_secs(60),
+        || {
+            let by_pair = |q: &str| -> BTreeMap<(String, String), f64> {
+                prom.query(q)
+                    .iter()
+                    .map(|s| {
+                        (
+                            (
+                                s["metric"]["model_id"].as_str().unwrap_or("?").to_owned(),
+                                s["metric"]["voter_prompt_id"]
+                                    .as_str()
+                                    .unwrap_or("?")
+                                    .to_owned(),
+                            ),
+                            s["value"][1].as_str().unwrap().parse::<f64>().unwrap(),
+                        )
+                    })
+                    .collect()
+            };
+            let (means, counts) = (by_pair(&mean_q), by_pair(&series_q));
+            let mut wrong = Vec::new();
+            if means.len() != leaderboard.len() || counts.len() != leaderboard.len() {
+                wrong.push(format!(
+                    "{} mean and {} series rows for {} pairs",
+                    means.len(),
+                    counts.len(),
+                    leaderboard.len()
+                ));
+            }
+            for (pair, (n, sum)) in &leaderboard {
+                let mean = sum / *n as f64;
+                match (means.get(pair), counts.get(pair)) {
+                    (Some(m), Some(c)) if (m - mean).abs() <= 1e-6 && *c == *n as f64 => {}
+                    got => wrong.push(format!(
+                        "{pair:?}: (mean, series) {got:?}, expected ({mean}, {n})"
+                    )),
+                }
+            }
+            wrong
+        },
+    );
 
     // Every alert rule group loaded, every rule evaluated without error.
     let (groups, alerts) = alert_file();

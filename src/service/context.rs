@@ -151,6 +151,7 @@ impl ConsumerContext for Ctx {
                     s.unowned.remove(tp);
                 }
                 s.to_restore.extend(tps);
+                s.publish_holdings();
             }
             Rebalance::Revoke(_) => {}
             Rebalance::Error(e) => tracing::error!("rebalance error: {e}"),

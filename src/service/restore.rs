@@ -302,6 +302,8 @@ impl Session {
             }
             tracing::info!(partitions = ?tps, elapsed_ms = job_started.elapsed().as_millis() as u64,
                 adopt_ms = started.elapsed().as_millis() as u64, "restored partitions resumed");
+            self.publish_holdings();
+            self.refresh_gauges();
         }
         if self.restoring.is_none() && !self.to_restore.is_empty() {
             let mut tps = std::mem::take(&mut self.to_restore);
@@ -310,6 +312,7 @@ impl Session {
             tps.retain(|tp| !self.parts.contains_key(tp));
             if !tps.is_empty() {
                 self.restoring = Some(RestoreJob::start(&self.cfg, &self.names, tps));
+                self.publish_holdings();
             }
         }
         Ok(())
@@ -396,8 +399,10 @@ impl RestoreJob {
 
 impl Drop for Session {
     /// A session never outlives its restore thread (which holds the
-    /// partitions' databases open).
+    /// partitions' databases open), and the query API lets go of its
+    /// stores, which close with it.
     fn drop(&mut self) {
         self.cancel_restore();
+        self.holdings.set_held(Default::default());
     }
 }

@@ -20,6 +20,8 @@ use super::error::{Result, ServiceError};
 use super::restore::local_partitions;
 use super::session::{Outputs, Session};
 use super::topics;
+use crate::api::http::Api;
+use crate::api::Holdings;
 use crate::config::{Config, Delivery};
 use crate::output::Route;
 use crate::telemetry::Metrics;
@@ -43,10 +45,19 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
         .listen
         .parse()
         .map_err(|e| ServiceError::config(format!("metrics.listen: {e}")))?;
-    let bound = crate::telemetry::serve(addr, metrics.clone()).map_err(|e| {
-        ServiceError::config(format!("cannot listen on metrics.listen {addr}: {e}"))
-    })?;
-    tracing::info!(%bound, "serving /metrics, /healthz, /readyz");
+    let holdings = Arc::new(Holdings::default());
+    let api = Api::new(
+        holdings.clone(),
+        &cfg.api.token,
+        &cfg.api.peers,
+        Duration::from_millis(cfg.api.peer_timeout_ms as u64),
+    );
+    let bound = crate::telemetry::serve(addr, metrics.clone(), crate::api::http::routes(api))
+        .map_err(|e| {
+            ServiceError::config(format!("cannot listen on metrics.listen {addr}: {e}"))
+        })?;
+    tracing::info!(%bound, peers = cfg.api.peers.len(), token = !cfg.api.token.is_empty(),
+        "serving /metrics, /healthz, /readyz and the query API /v1/");
     if cfg.kafka.delivery == Delivery::ExactlyOnceOutbox {
         check_outbox_partitioner(&cfg)?;
     }
@@ -54,7 +65,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
     let mut topics_ready = false;
     while !stop.load(Ordering::SeqCst) {
         let step = if topics_ready {
-            session(&cfg, &names, stop, &metrics).map(|()| true)
+            session(&cfg, &names, stop, &metrics, &holdings).map(|()| true)
         } else {
             topics::ensure(&cfg, &names).map(|()| false)
         };
@@ -118,8 +129,16 @@ fn probe_transactions(cfg: &Config, producer: &BaseProducer<ProduceCtx>) -> Resu
 }
 
 /// One consumer-group session, until `stop` or a failure.
-fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics>) -> Result<()> {
+fn session(
+    cfg: &Config,
+    names: &Names,
+    stop: &AtomicBool,
+    metrics: &Arc<Metrics>,
+    holdings: &Arc<Holdings>,
+) -> Result<()> {
     metrics.set_ready(false);
+    let input_counts = topics::partition_counts(cfg, &cfg.kafka.input_topics)?;
+    holdings.set_topics(input_counts.into_iter().collect());
     let delivery = cfg.kafka.delivery;
     let transactional = delivery == Delivery::ExactlyOnce;
     let topics: [String; 3] = [
@@ -173,6 +192,7 @@ fn session(cfg: &Config, names: &Names, stop: &AtomicBool, metrics: &Arc<Metrics
             to_restore: Vec::new(),
             restoring: None,
             deadline: None,
+            holdings: holdings.clone(),
         })),
         metrics: metrics.clone(),
     };

@@ -28,7 +28,8 @@ const CYCLE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One assigned input partition.
 pub struct Part {
-    pub store: Store,
+    /// Shared with the query API (`crate::api::Holdings`).
+    pub store: Arc<Store>,
     pub engine: Engine,
     pub last_record: Instant,
     /// Changelog records of the open cycle, applied to RocksDB after commit.
@@ -50,7 +51,7 @@ impl Part {
     pub fn new(store: Store, engine: Engine, marker: Option<CycleMarker>) -> Part {
         let marker = marker.unwrap_or_else(CycleMarker::initial);
         Part {
-            store,
+            store: Arc::new(store),
             engine,
             last_record: Instant::now(),
             pending: Vec::new(),
@@ -120,6 +121,8 @@ pub struct Session {
     /// finished (or aborted) by. Outside a rebalance each step of a cycle
     /// may take [`CYCLE_STEP_TIMEOUT`].
     pub deadline: Option<Instant>,
+    /// What the query API sees: the assigned partitions, ready or restoring.
+    pub holdings: Arc<crate::api::Holdings>,
 }
 
 /// The deadline for finishing (or aborting) the open cycle when partitions
@@ -253,6 +256,23 @@ impl Session {
             self.metrics
                 .observe_engine(&format!("{}-{}", tp.0, tp.1), &part.engine);
         }
+        self.metrics
+            .model_board(self.parts.values().flat_map(|p| p.engine.board()));
+    }
+
+    /// Tells the query API which partitions are ready (their stores) and
+    /// which are queued or restoring.
+    pub fn publish_holdings(&self) {
+        let mut held: std::collections::BTreeMap<Tp, Option<Arc<Store>>> = self
+            .parts
+            .iter()
+            .map(|(tp, p)| (tp.clone(), Some(p.store.clone())))
+            .collect();
+        let restoring = self.restoring.iter().flat_map(|j| j.tps.iter());
+        for tp in self.to_restore.iter().chain(restoring) {
+            held.entry(tp.clone()).or_insert(None);
+        }
+        self.holdings.set_held(held);
     }
 
     /// Releases revoked partitions (their state stays on disk for
@@ -267,6 +287,8 @@ impl Session {
             self.offsets.remove(tp);
             self.unowned.insert(tp.clone(), Instant::now());
         }
+        self.publish_holdings();
+        self.refresh_gauges();
     }
 
     /// Deletes local state of partitions this instance has not owned for

@@ -152,6 +152,14 @@ impl SeriesTable {
         }
     }
 
+    /// The exported label values of (`model`, `rubric`), after the cap.
+    pub(crate) fn capped(&mut self, model: &str, rubric: &str) -> (String, String) {
+        (
+            self.models.map(model).to_owned(),
+            self.rubrics.map(rubric).to_owned(),
+        )
+    }
+
     /// Runs `f` on the metrics of (`model`, `rubric`), created on first use.
     /// No allocation unless the pair is new.
     pub(crate) fn with<R>(&mut self, model: &str, rubric: &str, f: impl FnOnce(&Series) -> R) -> R {
@@ -282,6 +290,25 @@ impl GaugeFamily {
         let g = Gauge::with_opts(opts).expect("valid metric");
         g.set(v);
         c.insert(key, g);
+    }
+
+    /// Replaces every series with `values` (label values → value).
+    pub(crate) fn replace_all(&self, values: impl IntoIterator<Item = (Vec<String>, f64)>) {
+        let mut next = BTreeMap::new();
+        let mut c = lock(&self.inner.children);
+        for (key, v) in values {
+            assert_eq!(key.len(), self.inner.labels.len(), "one value per label");
+            let g = c.remove(&key).unwrap_or_else(|| {
+                let mut opts = Opts::new(self.inner.name, self.inner.help);
+                for (l, v) in self.inner.labels.iter().zip(&key) {
+                    opts = opts.const_label(*l, v.as_str());
+                }
+                Gauge::with_opts(opts).expect("valid metric")
+            });
+            g.set(v);
+            next.insert(key, g);
+        }
+        *c = next;
     }
 
     /// Removes the series `values` (no longer exported).

@@ -1,12 +1,14 @@
 //! The HTTP server: `/metrics`, `/healthz`, `/readyz` (SPEC §8) on axum,
-//! one small tokio runtime on a background thread. Later routes (`/v1/...`)
-//! go into [`router`].
+//! one small tokio runtime on a background thread; [`serve`] merges in the
+//! query API's routes (`crate::api::http`). Every error answer is JSON
+//! (`{"error": …}`), including the ones hyper and the limit layers make.
 //!
 //! Limits (a slow or hostile client cannot exhaust the process):
 //! - at most [`MAX_CONNECTIONS`] connections at a time; further ones wait
 //!   in the kernel's accept backlog until one closes;
 //! - the request line and headers: at most [`MAX_HEADER_BYTES`] bytes and
-//!   [`MAX_HEADERS`] headers, else `431`; they must arrive within
+//!   [`MAX_HEADERS`] headers, else `431` (`414` when the request line alone
+//!   is too long, answered by [`HeadGuard`]); they must arrive within
 //!   [`HEADER_READ_TIMEOUT`], else the connection is closed;
 //! - a body of at most [`MAX_BODY_BYTES`], else `413`;
 //! - a request is answered within [`REQUEST_TIMEOUT`], else `408`;
@@ -19,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -52,20 +54,45 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
 }
 
-/// Every route, with the body limit and request timeout. Unknown paths are
-/// `404`; a known path with another method is `405`.
-pub fn router(state: AppState) -> Router {
+/// Every route (with `extra`'s), with the body limit and request timeout.
+/// Unknown paths are `404`; a known path with another method is `405`.
+pub fn router(state: AppState, extra: Router) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .fallback(not_found)
         .with_state(state)
+        .merge(extra)
+        .fallback(not_found)
         .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
             REQUEST_TIMEOUT,
         ))
+        .layer(axum::middleware::map_response(json_errors))
+}
+
+/// An error answer without a body of its own (a `405`, `408`, `413`)
+/// gets a JSON one.
+async fn json_errors(r: Response) -> Response {
+    let s = r.status();
+    if (s.is_client_error() || s.is_server_error())
+        && !r.headers().contains_key(header::CONTENT_TYPE)
+    {
+        let (mut parts, _) = r.into_parts();
+        let body = json_error_body(s);
+        parts.headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        parts.headers.remove(header::CONTENT_LENGTH);
+        return Response::from_parts(parts, body.into());
+    }
+    r
+}
+
+fn json_error_body(s: StatusCode) -> String {
+    serde_json::json!({ "error": s.canonical_reason().unwrap_or("error") }).to_string()
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
@@ -84,14 +111,24 @@ async fn readyz(State(s): State<AppState>) -> (StatusCode, &'static str) {
     }
 }
 
-async fn not_found() -> (StatusCode, &'static str) {
-    (StatusCode::NOT_FOUND, "not found\n")
+async fn not_found(uri: axum::http::Uri) -> Response {
+    let body = serde_json::json!({ "error": format!("no route {}", uri.path()) }).to_string();
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
 }
 
 /// Serves [`router`] on `addr` from a background thread. Binds before it
 /// returns (a bind error is returned) and answers the bound address (port 0
 /// picks one). Usable from synchronous code.
-pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketAddr> {
+pub fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    extra: Router,
+) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
     listener.set_nonblocking(true)?;
@@ -103,7 +140,7 @@ pub fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> std::io::Result<SocketA
         let _guard = rt.enter();
         tokio::net::TcpListener::from_std(listener)?
     };
-    let app = router(AppState { metrics });
+    let app = router(AppState { metrics }, extra);
     std::thread::Builder::new()
         .name("metrics-http".into())
         .spawn(move || rt.block_on(accept_loop(listener, app)))?;
@@ -115,7 +152,8 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router) {
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_header_size(MAX_HEADER_BYTES)
+        // Above the guard's limit, so that the guard answers first.
+        .max_header_size(2 * MAX_HEADER_BYTES)
         .max_headers(MAX_HEADERS);
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -130,8 +168,10 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router) {
                 continue;
             }
         };
-        let conn =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let conn = http.serve_connection(
+            TokioIo::new(HeadGuard::new(stream)),
+            TowerToHyperService::new(app.clone()),
+        );
         tokio::spawn(async move {
             let _slot = slot;
             let mut conn = std::pin::pin!(conn);
@@ -143,6 +183,166 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router) {
                 let _ = tokio::time::timeout(REQUEST_TIMEOUT, conn).await;
             }
         });
+    }
+}
+
+/// Answers a request head over [`MAX_HEADER_BYTES`] with a JSON `414`
+/// (request line) or `431` (headers), then reads and drops what the client
+/// still sends (closing with unread data would reset the connection and
+/// could destroy the answer before the client reads it).
+///
+/// Written by hand because hyper answers an oversized head itself, with
+/// an empty body and no hook to change it. The guard counts the bytes of
+/// each head (from the end of the last answer to the blank line) as they
+/// pass from the socket to hyper.
+struct HeadGuard<S> {
+    inner: S,
+    /// Counting a head (false once its blank line passed, until the next
+    /// answer is written).
+    in_head: bool,
+    head_bytes: usize,
+    /// How much of "\r\n\r\n" the last bytes matched.
+    matched: u8,
+    saw_line_end: bool,
+    /// The guard's own answer and how much of it is written; then the
+    /// connection only drains.
+    reply: Option<(Vec<u8>, usize)>,
+}
+
+impl<S> HeadGuard<S> {
+    fn new(inner: S) -> Self {
+        HeadGuard {
+            inner,
+            in_head: true,
+            head_bytes: 0,
+            matched: 0,
+            saw_line_end: false,
+            reply: None,
+        }
+    }
+
+    /// Follows the head through `bytes`; true once it is over the limit.
+    fn scan(&mut self, bytes: &[u8]) -> bool {
+        for &b in bytes {
+            if !self.in_head {
+                return false;
+            }
+            self.head_bytes += 1;
+            self.matched = match (self.matched, b) {
+                (0 | 2, b'\r') => self.matched + 1,
+                (1, b'\n') => {
+                    self.saw_line_end = true;
+                    2
+                }
+                (3, b'\n') => {
+                    self.in_head = false;
+                    0
+                }
+                (_, b'\r') => 1,
+                _ => 0,
+            };
+            if self.head_bytes > MAX_HEADER_BYTES {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn refuse(&mut self) {
+        let status = if self.saw_line_end {
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        } else {
+            StatusCode::URI_TOO_LONG
+        };
+        let body = serde_json::json!({ "error": format!(
+            "{}: the request line and headers may have at most {MAX_HEADER_BYTES} bytes",
+            status.canonical_reason().unwrap_or("too large"))
+        })
+        .to_string();
+        let head = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        );
+        self.reply = Some(([head.into_bytes(), body.into_bytes()].concat(), 0));
+    }
+}
+
+impl<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin> tokio::io::AsyncRead
+    for HeadGuard<S>
+{
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::task::{ready, Poll};
+        let this = self.get_mut();
+        if this.reply.is_none() {
+            let before = buf.filled().len();
+            ready!(std::pin::Pin::new(&mut this.inner).poll_read(cx, buf))?;
+            let new = buf.filled()[before..].to_vec();
+            if !this.scan(&new) {
+                return Poll::Ready(Ok(()));
+            }
+            buf.set_filled(before);
+            this.refuse();
+        }
+        let Some((reply, written)) = this.reply.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        while *written < reply.len() {
+            let n = ready!(std::pin::Pin::new(&mut this.inner).poll_write(cx, &reply[*written..]))?;
+            if n == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            *written += n;
+        }
+        // Drain until the client closes (hyper's header timeout ends a
+        // client that never does); hyper sees the end of the stream.
+        let mut sink = [0u8; 16 * 1024];
+        loop {
+            let mut b = tokio::io::ReadBuf::new(&mut sink);
+            ready!(std::pin::Pin::new(&mut this.inner).poll_read(cx, &mut b))?;
+            if b.filled().is_empty() {
+                return Poll::Ready(Ok(()));
+            }
+        }
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for HeadGuard<S> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        if this.reply.is_some() {
+            // The guard answered; hyper's own answer is dropped.
+            return std::task::Poll::Ready(Ok(data.len()));
+        }
+        // An answer: the next bytes read start a new head.
+        this.in_head = true;
+        this.head_bytes = 0;
+        this.matched = 0;
+        this.saw_line_end = false;
+        std::pin::Pin::new(&mut this.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
 }
 
@@ -178,7 +378,7 @@ mod tests {
     #[test]
     fn routes_limits_and_the_server_keeps_answering() {
         let m = Metrics::new(10);
-        let addr = serve("127.0.0.1:0".parse().unwrap(), m.clone()).unwrap();
+        let addr = serve("127.0.0.1:0".parse().unwrap(), m.clone(), Router::new()).unwrap();
         assert_eq!(get(addr, "/healthz"), 200);
         assert_eq!(get(addr, "/readyz"), 503);
         m.set_ready(true);
@@ -203,6 +403,22 @@ mod tests {
             "a".repeat(MAX_HEADER_BYTES + 512)
         );
         assert_eq!(status(addr, big.as_bytes()), 431);
+        // A 10 MB path: 414 with a JSON body, read whole.
+        let long = format!(
+            "GET /v1/inferences/{} HTTP/1.1\r\nHost: x\r\n\r\n",
+            "a".repeat(10 << 20)
+        );
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(long.as_bytes()).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 414 "), "{text}");
+        assert!(
+            text.contains("application/json") && text.contains("\"error\""),
+            "{text}"
+        );
         let mut many = String::from("GET /metrics HTTP/1.1\r\nHost: x\r\n");
         for i in 0..(MAX_HEADERS + 10) {
             many.push_str(&format!("X-H{i}: v\r\n"));
@@ -234,7 +450,12 @@ mod tests {
 
     #[test]
     fn connections_beyond_the_bound_wait_for_a_slot() {
-        let addr = serve("127.0.0.1:0".parse().unwrap(), Metrics::new(10)).unwrap();
+        let addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Metrics::new(10),
+            Router::new(),
+        )
+        .unwrap();
         // MAX_CONNECTIONS idle connections hold every slot.
         let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS)
             .map(|_| TcpStream::connect(addr).unwrap())

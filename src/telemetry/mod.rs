@@ -47,6 +47,8 @@ pub const CONSUMER_LAG: &str = "jurystream_consumer_lag_messages";
 pub const COMMIT_DURATION: &str = "jurystream_commit_duration_seconds";
 pub const RESTORE_DURATION: &str = "jurystream_state_restore_duration_seconds";
 pub const BUILD_INFO: &str = "jurystream_build_info";
+pub const MODEL_SCORE_SUM: &str = "jurystream_model_score_sum";
+pub const MODEL_SERIES: &str = "jurystream_model_series";
 
 /// The label names (SPEC §8). No label ever carries an inference or voter id.
 pub const MODEL_ID: &str = "model_id";
@@ -119,6 +121,8 @@ pub struct Metrics {
     lag: GaugeFamily,
     commit: Histogram,
     restore: Histogram,
+    model_score_sum: GaugeFamily,
+    model_series: GaugeFamily,
     partitions: Mutex<Partitions>,
 }
 
@@ -210,6 +214,16 @@ impl Metrics {
             "Duration of one partition state restore.",
             SECONDS_BUCKETS,
         );
+        let model_score_sum = GaugeFamily::new(
+            MODEL_SCORE_SUM,
+            "Sum of the current scores of this instance's scored series, per model and rubric.",
+            &[MODEL_ID, VOTER_PROMPT_ID],
+        );
+        let model_series = GaugeFamily::new(
+            MODEL_SERIES,
+            "Scored series (update_seq >= 1) this instance holds, per model and rubric.",
+            &[MODEL_ID, VOTER_PROMPT_ID],
+        );
         let build_info = IntGauge::with_opts(
             Opts::new(BUILD_INFO, "Build information (always 1).")
                 .const_label(VERSION, env!("CARGO_PKG_VERSION")),
@@ -231,6 +245,8 @@ impl Metrics {
         register(&registry, lag.clone());
         register(&registry, commit.clone());
         register(&registry, restore.clone());
+        register(&registry, model_score_sum.clone());
+        register(&registry, model_series.clone());
         register(&registry, build_info);
 
         Arc::new(Metrics {
@@ -250,6 +266,8 @@ impl Metrics {
             lag,
             commit,
             restore,
+            model_score_sum,
+            model_series,
             partitions: Mutex::new(Partitions::default()),
         })
     }
@@ -324,6 +342,35 @@ impl Metrics {
             .fold((0, 0), |(a, b), (o, c)| (a + o, b + c));
         self.open_batches.set(open as i64);
         self.cache_bytes.set(cache as i64);
+    }
+
+    /// Sets the leaderboard gauges from the leaderboard rows of every
+    /// partition this instance holds (label values capped like the other
+    /// model/rubric families; pairs that are gone disappear).
+    pub fn model_board<'a>(
+        &self,
+        rows: impl IntoIterator<
+            Item = (
+                &'a crate::engine::board::BoardKey,
+                &'a crate::engine::board::BoardRow,
+            ),
+        >,
+    ) {
+        let mut sums: std::collections::BTreeMap<Vec<String>, (f64, f64)> = Default::default();
+        {
+            let mut t = lock(&self.series);
+            for (k, r) in rows {
+                let model = k.model_id.as_deref().unwrap_or(UNKNOWN_MODEL);
+                let (m, v) = t.capped(model, &k.voter_prompt_id);
+                let e = sums.entry(vec![m, v]).or_default();
+                e.0 += r.score_sum as f64 / crate::engine::board::FIXED_ONE;
+                e.1 += r.series as f64;
+            }
+        }
+        self.model_score_sum
+            .replace_all(sums.iter().map(|(k, v)| (k.clone(), v.0)));
+        self.model_series
+            .replace_all(sums.into_iter().map(|(k, v)| (k, v.1)));
     }
 
     /// A partition went away (revoked): its gauges go, its counts stay.

@@ -1,0 +1,315 @@
+//! The query API's routes (SPEC §9), merged into the one HTTP server of
+//! `run` (`telemetry::http`):
+//!
+//! - `GET /v1/inferences/{id}` and `GET /v1/leaderboard[?voter_prompt_id=R]`
+//!   answer for the whole group: this instance's partitions plus what the
+//!   peers (`api.peers`) hold;
+//! - `GET /v1/local/inferences/{id}` and `GET /v1/local/leaderboard` answer
+//!   for this instance's partitions only, per partition: what peers ask
+//!   each other.
+//!
+//! Every `/v1/*` route needs `Authorization: Bearer <api.token>` when a
+//! token is configured. Errors are `{"error": …}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{merge_board, merge_inference, percent_decode, percent_encode, Holdings, LocalAnswer};
+
+/// Longest id (SPEC §1).
+const MAX_ID_BYTES: usize = 256;
+/// Largest peer answer read.
+const MAX_PEER_ANSWER: usize = 64 << 20;
+
+/// What the routes share.
+pub struct Api {
+    holdings: Arc<Holdings>,
+    token: Option<String>,
+    peers: Vec<String>,
+    peer_timeout: Duration,
+    client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl Api {
+    /// `token` empty means none; `peers` are base URLs (`http://host:port`).
+    pub fn new(
+        holdings: Arc<Holdings>,
+        token: &str,
+        peers: &[String],
+        peer_timeout: Duration,
+    ) -> Arc<Api> {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(peer_timeout));
+        connector.set_nodelay(true);
+        Arc::new(Api {
+            holdings,
+            token: (!token.is_empty()).then(|| token.to_owned()),
+            peers: peers
+                .iter()
+                .map(|p| p.trim_end_matches('/').to_owned())
+                .collect(),
+            peer_timeout,
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        })
+    }
+}
+
+/// A JSON error answer.
+pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+}
+
+/// The `/v1/*` routes.
+pub fn routes(api: Arc<Api>) -> Router {
+    Router::new()
+        .route("/v1/inferences/{id}", get(inference))
+        .route("/v1/leaderboard", get(leaderboard))
+        .route("/v1/local/inferences/{id}", get(local_inference))
+        .route("/v1/local/leaderboard", get(local_leaderboard))
+        .route_layer(axum::middleware::from_fn_with_state(api.clone(), auth))
+        .with_state(api)
+}
+
+async fn auth(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response {
+    if let Some(token) = &api.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        // Compared without an early exit, so timing does not reveal a prefix.
+        let ok = given.is_some_and(|g| {
+            g.len() == token.len()
+                && g.bytes()
+                    .zip(token.bytes())
+                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                    == 0
+        });
+        if !ok {
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "missing or wrong bearer token (Authorization: Bearer <api.token>)",
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    next.run(req).await
+}
+
+/// The id in `/…/inferences/{id}`, decoded and checked.
+/// Errors are the message of a 400 (see [`bad_request`]).
+fn id_from(uri: &Uri) -> Result<String, String> {
+    let raw = uri.path().rsplit('/').next().unwrap_or_default();
+    let id = percent_decode(raw, false).map_err(|e| format!("inference id: {e}"))?;
+    if id.is_empty() || id.len() > MAX_ID_BYTES {
+        return Err(format!("inference id: must be 1..={MAX_ID_BYTES} bytes"));
+    }
+    Ok(id)
+}
+
+fn bad_request(message: String) -> Response {
+    error(StatusCode::BAD_REQUEST, message)
+}
+
+/// The `voter_prompt_id` filter of a leaderboard request.
+fn rubric_from(uri: &Uri) -> Result<Option<String>, String> {
+    let mut rubric = None;
+    for pair in uri
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let bad = |e: String| format!("query string: {e}");
+        match percent_decode(k, true).map_err(bad)?.as_str() {
+            "voter_prompt_id" => rubric = Some(percent_decode(v, true).map_err(bad)?),
+            other => {
+                return Err(bad(format!(
+                    "unknown parameter {other:?} (only voter_prompt_id)"
+                )))
+            }
+        }
+    }
+    Ok(rubric)
+}
+
+fn store_error(e: crate::state::StoreError) -> Response {
+    tracing::error!("query API: {e}");
+    error(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("state store: {e}"),
+    )
+}
+
+fn local<T: Serialize>(r: Result<LocalAnswer<T>, crate::state::StoreError>) -> Response {
+    match r {
+        Ok(a) => Json(a).into_response(),
+        Err(e) => store_error(e),
+    }
+}
+
+async fn local_inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    match id_from(&uri) {
+        Ok(id) => local(api.holdings.inference(&id)),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn local_leaderboard(State(api): State<Arc<Api>>) -> Response {
+    local(api.holdings.board())
+}
+
+/// This instance's answer and every peer's (a peer that fails is left
+/// out: its partitions then count as unavailable); the peers' errors.
+async fn gather<T: DeserializeOwned + Send + 'static>(
+    api: &Arc<Api>,
+    own: LocalAnswer<T>,
+    path: String,
+) -> (Vec<LocalAnswer<T>>, Vec<String>) {
+    let mut answers = vec![own];
+    let mut errors = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for peer in &api.peers {
+        let api = api.clone();
+        let url = format!("{peer}{path}");
+        tasks.spawn(async move {
+            let r = tokio::time::timeout(api.peer_timeout, fetch::<T>(&api, &url)).await;
+            match r {
+                Ok(r) => r.map_err(|e| format!("{url}: {e}")),
+                Err(_) => Err(format!("{url}: no answer within api.peer_timeout_ms")),
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        match r {
+            Ok(Ok(a)) => answers.push(a),
+            Ok(Err(e)) => errors.push(e),
+            Err(e) => errors.push(format!("peer request failed: {e}")),
+        }
+    }
+    (answers, errors)
+}
+
+async fn fetch<T: DeserializeOwned>(api: &Api, url: &str) -> Result<LocalAnswer<T>, String> {
+    let mut req = hyper::Request::get(url);
+    if let Some(t) = &api.token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = req.body(Empty::new()).map_err(|e| e.to_string())?;
+    let resp = api.client.request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = Limited::new(resp.into_body(), MAX_PEER_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("unreadable answer: {e}"))
+}
+
+fn unavailable(why: impl std::fmt::Display, peer_errors: &[String]) -> Response {
+    let mut msg = why.to_string();
+    if !peer_errors.is_empty() {
+        msg.push_str("; peers: ");
+        msg.push_str(&peer_errors.join("; "));
+    }
+    let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    let id = match id_from(&uri) {
+        Ok(id) => id,
+        Err(m) => return bad_request(m),
+    };
+    let own = match api.holdings.inference(&id) {
+        Ok(a) => a,
+        Err(e) => return store_error(e),
+    };
+    let path = format!("/v1/local/inferences/{}", percent_encode(&id));
+    let (answers, errors) = gather(&api, own, path).await;
+    match merge_inference(&id, answers) {
+        Ok(Some(out)) => Json(out).into_response(),
+        Ok(None) => error(
+            StatusCode::NOT_FOUND,
+            format!("no series of inference {id:?}"),
+        ),
+        Err(why) => unavailable(why, &errors),
+    }
+}
+
+async fn leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    let rubric = match rubric_from(&uri) {
+        Ok(r) => r,
+        Err(m) => return bad_request(m),
+    };
+    let own = match api.holdings.board() {
+        Ok(a) => a,
+        Err(e) => return store_error(e),
+    };
+    let (answers, errors) = gather(&api, own, "/v1/local/leaderboard".into()).await;
+    match merge_board(answers, rubric.as_deref()) {
+        Ok(out) => Json(out).into_response(),
+        Err(why) => unavailable(why, &errors),
+    }
+}
+
+/// `jurystream query`: one GET, the answer pretty-printed on stdout; an
+/// error status is an error (its JSON on stderr).
+pub fn query(url: &str, path: &str, token: Option<&str>) -> anyhow::Result<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client: Client<HttpConnector, Empty<Bytes>> =
+            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let full = format!("{}{path}", url.trim_end_matches('/'));
+        let mut req = hyper::Request::get(full.as_str());
+        if let Some(t) = token.filter(|t| !t.is_empty()) {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Empty::new())
+            .map_err(|e| anyhow::anyhow!("bad URL {full}: {e}"))?;
+        let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
+            .await
+            .map_err(|_| anyhow::anyhow!("{full}: no answer within 30 s"))?
+            .map_err(|e| anyhow::anyhow!("{full}: {e}"))?;
+        let status = resp.status();
+        let body = Limited::new(resp.into_body(), MAX_PEER_ANSWER)
+            .collect()
+            .await
+            .map_err(|e| anyhow::anyhow!("{full}: {e}"))?
+            .to_bytes();
+        let pretty = match serde_json::from_slice::<serde_json::Value>(&body) {
+            Ok(v) => serde_json::to_string_pretty(&v)?,
+            Err(_) => String::from_utf8_lossy(&body).into_owned(),
+        };
+        if status.is_success() {
+            Ok(pretty)
+        } else {
+            anyhow::bail!("{full}: {status}\n{pretty}")
+        }
+    })
+}

@@ -1,0 +1,391 @@
+//! The query API (SPEC §9): answers from the partition states in RocksDB.
+//!
+//! - [`Holdings`]: which input partitions this instance holds, ready (its
+//!   store) or restoring, and how many partitions each input topic has.
+//!   The service updates it on assignment, restore and revoke.
+//! - An instance answers for its own partitions ([`Holdings::inference`],
+//!   [`Holdings::board`], one answer per partition); [`merge_inference`]
+//!   and [`merge_board`] (pure) combine the answers of every instance and
+//!   refuse (503) when a partition of the group is held ready by none.
+//! - `http.rs`: the routes, the token, the peers.
+//!
+//! An answer reflects the last committed cycle of each partition (what is
+//! in RocksDB), the same state the emitted events reflect.
+
+pub mod http;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::board::{BoardKey, BoardRow};
+use crate::state::{Store, StoreError};
+use crate::time::format_timestamp;
+
+/// Most voters listed per series (`voters_truncated` says there are more).
+pub const MAX_VOTERS: usize = 1000;
+
+/// An input partition: topic and number.
+pub type Tp = (String, i32);
+
+#[derive(Default)]
+struct Inner {
+    /// Input topic → partition count (from the broker, at session start).
+    topics: BTreeMap<String, i32>,
+    /// Held partitions: `Some` ready, `None` restoring.
+    held: BTreeMap<Tp, Option<Arc<Store>>>,
+}
+
+/// The partitions this instance holds. Cheap to share (`Arc`).
+#[derive(Default)]
+pub struct Holdings {
+    inner: RwLock<Inner>,
+}
+
+/// One partition in an instance's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartAnswer<T> {
+    pub topic: String,
+    pub partition: i32,
+    /// False while the partition restores (then `data` is empty).
+    pub ready: bool,
+    pub data: Vec<T>,
+}
+
+/// One instance's answer: the partitions it holds and their input topics'
+/// sizes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LocalAnswer<T> {
+    pub topics: BTreeMap<String, i32>,
+    pub partitions: Vec<PartAnswer<T>>,
+}
+
+/// One series of an inference (SPEC §9).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SeriesOut {
+    pub voter_prompt_id: String,
+    pub model_id: Option<String>,
+    pub score: Option<f64>,
+    pub update_seq: u64,
+    pub last_vote_at: Option<String>,
+    pub votes: u64,
+    pub abstentions: u64,
+    pub ambiguous: bool,
+    pub pending_votes: u64,
+    pub voters: Vec<String>,
+    pub voters_truncated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferenceOut {
+    pub inference_id: String,
+    pub series: Vec<SeriesOut>,
+}
+
+/// A partition's leaderboard row as instances exchange it: the exact
+/// fixed-point sum travels as a decimal string (JSON numbers are f64).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BoardRowOut {
+    pub model_id: Option<String>,
+    pub voter_prompt_id: String,
+    pub series: u64,
+    pub score_sum_fixed: String,
+    pub ambiguous_series: u64,
+    pub votes: u64,
+}
+
+/// One leaderboard row (SPEC §9).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaderRow {
+    pub model_id: Option<String>,
+    pub voter_prompt_id: String,
+    pub series: u64,
+    pub mean_score: f64,
+    pub ambiguous_series: u64,
+    pub votes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaderboardOut {
+    pub rows: Vec<LeaderRow>,
+}
+
+/// Why a merged answer cannot be given.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unavailable {
+    /// No instance knows the input topics yet (none has started a session).
+    NoTopics,
+    /// Partitions no reachable instance holds ready (restoring, being
+    /// reassigned, or on an instance that did not answer).
+    Partitions(Vec<Tp>),
+}
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unavailable::NoTopics => write!(f, "the service has not joined its consumer group yet"),
+            Unavailable::Partitions(tps) => {
+                let names: Vec<String> = tps.iter().map(|(t, p)| format!("{t}-{p}")).collect();
+                write!(
+                    f,
+                    "partitions not ready on any reachable instance (restoring or being reassigned): {}",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+}
+
+impl Holdings {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The input topics' partition counts.
+    pub fn set_topics(&self, topics: BTreeMap<String, i32>) {
+        self.write().topics = topics;
+    }
+
+    /// Replaces the held partitions (`None`: restoring).
+    pub fn set_held(&self, held: BTreeMap<Tp, Option<Arc<Store>>>) {
+        self.write().held = held;
+    }
+
+    /// Whether `tp` is held ready, restoring, or not held.
+    pub fn status(&self, tp: &Tp) -> Option<bool> {
+        self.read().held.get(tp).map(Option::is_some)
+    }
+
+    /// Applies `f` to each held partition (ready ones with their store).
+    fn answer<T>(
+        &self,
+        mut f: impl FnMut(&Store) -> Result<Vec<T>, StoreError>,
+    ) -> Result<LocalAnswer<T>, StoreError> {
+        let (topics, held) = {
+            let g = self.read();
+            (g.topics.clone(), g.held.clone())
+        };
+        let mut partitions = Vec::with_capacity(held.len());
+        for ((topic, partition), store) in held {
+            let data = match &store {
+                Some(s) => f(s)?,
+                None => Vec::new(),
+            };
+            partitions.push(PartAnswer {
+                topic,
+                partition,
+                ready: store.is_some(),
+                data,
+            });
+        }
+        Ok(LocalAnswer { topics, partitions })
+    }
+
+    /// This instance's series of `inference_id`, per held partition.
+    pub fn inference(&self, inference_id: &str) -> Result<LocalAnswer<SeriesOut>, StoreError> {
+        self.answer(|store| series_of(store, inference_id))
+    }
+
+    /// This instance's leaderboard rows, per held partition.
+    pub fn board(&self) -> Result<LocalAnswer<BoardRowOut>, StoreError> {
+        self.answer(|store| {
+            Ok(store
+                .board()?
+                .into_iter()
+                .map(|(k, r)| BoardRowOut {
+                    model_id: k.model_id.as_deref().map(str::to_owned),
+                    voter_prompt_id: k.voter_prompt_id.to_string(),
+                    series: r.series,
+                    score_sum_fixed: r.score_sum.to_string(),
+                    ambiguous_series: r.ambiguous,
+                    votes: r.votes,
+                })
+                .collect())
+        })
+    }
+}
+
+fn series_of(store: &Store, inference_id: &str) -> Result<Vec<SeriesOut>, StoreError> {
+    let mut out = Vec::new();
+    for (k, s) in store.series_of(inference_id)? {
+        let (voters, voters_truncated) = store.voters(&k, MAX_VOTERS)?;
+        let scored = s.update_seq >= 1;
+        out.push(SeriesOut {
+            voter_prompt_id: k.voter_prompt_id.to_string(),
+            model_id: s.model_id.as_deref().map(str::to_owned),
+            score: scored.then_some(s.score),
+            update_seq: s.update_seq,
+            last_vote_at: s.last_vote_at.filter(|_| scored).map(format_timestamp),
+            votes: s.votes,
+            abstentions: s.abstentions,
+            ambiguous: s.ambiguous,
+            pending_votes: s.pending,
+            voters,
+            voters_truncated,
+        });
+    }
+    Ok(out)
+}
+
+/// For every partition of the group, the data of one instance that holds
+/// it ready; every instance's topic sizes count (the largest wins, so a
+/// partition added to a topic is waited for).
+fn covering<T>(answers: Vec<LocalAnswer<T>>) -> Result<Vec<Vec<T>>, Unavailable> {
+    let mut topics: BTreeMap<String, i32> = BTreeMap::new();
+    let mut ready: BTreeMap<Tp, Vec<T>> = BTreeMap::new();
+    for a in answers {
+        for (t, n) in a.topics {
+            let e = topics.entry(t).or_insert(n);
+            *e = (*e).max(n);
+        }
+        for p in a.partitions {
+            if p.ready {
+                ready.entry((p.topic, p.partition)).or_insert(p.data);
+            }
+        }
+    }
+    if topics.is_empty() {
+        return Err(Unavailable::NoTopics);
+    }
+    let missing: Vec<Tp> = topics
+        .iter()
+        .flat_map(|(t, &n)| (0..n).map(move |p| (t.clone(), p)))
+        .filter(|tp| !ready.contains_key(tp))
+        .collect();
+    if !missing.is_empty() {
+        return Err(Unavailable::Partitions(missing));
+    }
+    Ok(ready.into_values().collect())
+}
+
+/// The series of one inference from every instance's answer, in
+/// `voter_prompt_id` byte order; `Ok(None)` when no partition has one.
+pub fn merge_inference(
+    inference_id: &str,
+    answers: Vec<LocalAnswer<SeriesOut>>,
+) -> Result<Option<InferenceOut>, Unavailable> {
+    let mut series: Vec<SeriesOut> = covering(answers)?.into_iter().flatten().collect();
+    if series.is_empty() {
+        return Ok(None);
+    }
+    series.sort_by(|a, b| {
+        a.voter_prompt_id
+            .as_bytes()
+            .cmp(b.voter_prompt_id.as_bytes())
+    });
+    Ok(Some(InferenceOut {
+        inference_id: inference_id.to_owned(),
+        series,
+    }))
+}
+
+/// The leaderboard from every instance's answer (optionally one rubric's),
+/// sorted by `voter_prompt_id`, then `mean_score` descending, then
+/// `model_id` (null first). A row whose fixed-point sum does not parse is
+/// skipped (it cannot come from this program).
+pub fn merge_board(
+    answers: Vec<LocalAnswer<BoardRowOut>>,
+    voter_prompt_id: Option<&str>,
+) -> Result<LeaderboardOut, Unavailable> {
+    let mut rows: BTreeMap<BoardKey, BoardRow> = BTreeMap::new();
+    for r in covering(answers)?.into_iter().flatten() {
+        if voter_prompt_id.is_some_and(|v| v != r.voter_prompt_id) {
+            continue;
+        }
+        let Ok(score_sum) = r.score_sum_fixed.parse::<i128>() else {
+            continue;
+        };
+        let key = BoardKey {
+            model_id: r.model_id.as_deref().map(Arc::from),
+            voter_prompt_id: r.voter_prompt_id.as_str().into(),
+        };
+        rows.entry(key).or_default().add(&BoardRow {
+            series: r.series,
+            score_sum,
+            ambiguous: r.ambiguous_series,
+            votes: r.votes,
+        });
+    }
+    let mut out: Vec<LeaderRow> = rows
+        .into_iter()
+        .filter(|(_, r)| r.series > 0)
+        .map(|(k, r)| LeaderRow {
+            model_id: k.model_id.as_deref().map(str::to_owned),
+            voter_prompt_id: k.voter_prompt_id.to_string(),
+            series: r.series,
+            mean_score: r.mean_score(),
+            ambiguous_series: r.ambiguous,
+            votes: r.votes,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        a.voter_prompt_id
+            .as_bytes()
+            .cmp(b.voter_prompt_id.as_bytes())
+            .then(b.mean_score.total_cmp(&a.mean_score))
+            .then_with(|| {
+                let m = |r: &LeaderRow| r.model_id.as_ref().map(|s| s.as_bytes().to_vec());
+                m(a).cmp(&m(b))
+            })
+    });
+    Ok(LeaderboardOut { rows: out })
+}
+
+/// Decodes one percent-encoded URL component strictly: `%` must be
+/// followed by two hex digits, and the result must be UTF-8 (ids are JSON
+/// strings). `plus_is_space` for query strings (form encoding).
+///
+/// Written here because the `percent-encoding` crate passes a malformed
+/// `%` through unchanged, and a bad id must be a 400, not a lookup of
+/// another id.
+pub fn percent_decode(s: &str, plus_is_space: bool) -> Result<String, String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = |c: u8| (c as char).to_digit(16);
+                match (
+                    b.get(i + 1).and_then(|&c| hex(c)),
+                    b.get(i + 2).and_then(|&c| hex(c)),
+                ) {
+                    (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
+                    _ => return Err(format!("malformed percent-encoding at byte {i}")),
+                }
+                i += 3;
+            }
+            b'+' if plus_is_space => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| "the decoded id is not UTF-8".to_owned())
+}
+
+/// Percent-encodes every byte but the unreserved ones (RFC 3986), for one
+/// path segment or query value.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &c in s.as_bytes() {
+        if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+            out.push(c as char);
+        } else {
+            out.push_str(&format!("%{c:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

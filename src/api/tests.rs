@@ -1,0 +1,361 @@
+use super::*;
+
+fn part<T>(topic: &str, partition: i32, ready: bool, data: Vec<T>) -> PartAnswer<T> {
+    PartAnswer {
+        topic: topic.into(),
+        partition,
+        ready,
+        data,
+    }
+}
+
+fn answer<T>(n: i32, partitions: Vec<PartAnswer<T>>) -> LocalAnswer<T> {
+    LocalAnswer {
+        topics: [("votes".to_owned(), n)].into(),
+        partitions,
+    }
+}
+
+fn series(vp: &str) -> SeriesOut {
+    SeriesOut {
+        voter_prompt_id: vp.into(),
+        model_id: None,
+        score: Some(0.5),
+        update_seq: 1,
+        last_vote_at: None,
+        votes: 1,
+        abstentions: 0,
+        ambiguous: false,
+        pending_votes: 0,
+        voters: vec![],
+        voters_truncated: false,
+    }
+}
+
+#[test]
+fn an_inference_is_answered_only_when_every_partition_is_ready_somewhere() {
+    // Two instances, two partitions; partition 1 restores on the first and
+    // is ready on the second (a handover).
+    let a = answer(
+        2,
+        vec![
+            part("votes", 0, true, vec![series("b")]),
+            part("votes", 1, false, vec![]),
+        ],
+    );
+    let b = answer(2, vec![part("votes", 1, true, vec![series("a")])]);
+    let out = merge_inference("i", vec![a.clone(), b]).unwrap().unwrap();
+    let vps: Vec<&str> = out
+        .series
+        .iter()
+        .map(|s| s.voter_prompt_id.as_str())
+        .collect();
+    assert_eq!(vps, ["a", "b"], "voter_prompt_id order across partitions");
+    assert_eq!(
+        merge_inference("i", vec![a]),
+        Err(Unavailable::Partitions(vec![("votes".into(), 1)]))
+    );
+    // Unknown everywhere: None (a 404), but only when all are ready.
+    let empty = answer::<SeriesOut>(1, vec![part("votes", 0, true, vec![])]);
+    assert_eq!(merge_inference("x", vec![empty]), Ok(None));
+    assert_eq!(merge_inference("x", vec![]), Err(Unavailable::NoTopics));
+}
+
+#[test]
+fn the_leaderboard_sums_exactly_across_partitions_and_sorts() {
+    let row = |m: Option<&str>, vp: &str, n: u64, sum: f64, amb: u64| BoardRowOut {
+        model_id: m.map(str::to_owned),
+        voter_prompt_id: vp.into(),
+        series: n,
+        score_sum_fixed: crate::engine::board::fixed(sum).to_string(),
+        ambiguous_series: amb,
+        votes: n * 2,
+    };
+    let a = answer(
+        2,
+        vec![
+            part(
+                "votes",
+                0,
+                true,
+                vec![row(Some("m2"), "r", 1, 0.9, 0), row(None, "r", 1, 0.2, 1)],
+            ),
+            part(
+                "votes",
+                1,
+                true,
+                vec![
+                    row(Some("m1"), "r", 2, 0.6, 0),
+                    row(Some("m1"), "a", 1, 0.1, 0),
+                ],
+            ),
+        ],
+    );
+    let b = answer(
+        2,
+        vec![part(
+            "votes",
+            0,
+            true,
+            vec![row(Some("m2"), "r", 1, 0.1, 0)],
+        )],
+    );
+    let out = merge_board(vec![a.clone(), b], None).unwrap();
+    let got: Vec<(Option<&str>, &str, u64, f64)> = out
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                r.model_id.as_deref(),
+                r.voter_prompt_id.as_str(),
+                r.series,
+                r.mean_score,
+            )
+        })
+        .collect();
+    // Partition 0 counts once (the first ready answer), not twice.
+    assert_eq!(
+        got,
+        [
+            (Some("m1"), "a", 1, 0.1),
+            (Some("m2"), "r", 1, 0.9),
+            (Some("m1"), "r", 2, 0.3),
+            (None, "r", 1, 0.2),
+        ]
+    );
+    let only_a = merge_board(vec![a], Some("a")).unwrap();
+    assert_eq!(only_a.rows.len(), 1);
+    assert_eq!(only_a.rows[0].votes, 2);
+}
+
+#[test]
+fn ids_decode_strictly() {
+    assert_eq!(percent_decode("a%2Fb%20c", false).unwrap(), "a/b c");
+    assert_eq!(percent_decode("a+b", false).unwrap(), "a+b");
+    assert_eq!(percent_decode("a+b", true).unwrap(), "a b");
+    assert_eq!(percent_decode("%C3%A9", false).unwrap(), "é");
+    assert!(percent_decode("%zz", false).is_err());
+    assert!(percent_decode("abc%4", false).is_err());
+    assert!(percent_decode("%FF", false).is_err(), "not UTF-8");
+    for id in ["plain", "a/b?c#d %+", "é\u{1F600}", "%41"] {
+        assert_eq!(percent_decode(&percent_encode(id), false).unwrap(), id);
+    }
+}
+
+mod served {
+    use super::super::http::{routes, Api};
+    use super::super::*;
+    use crate::engine::Engine;
+    use crate::input::Vote;
+    use crate::state::encode_changes_into;
+    use crate::telemetry::{serve, Metrics};
+    use std::io::{Read, Write};
+    use std::net::{SocketAddr, TcpStream};
+    use std::time::Duration;
+
+    fn vote(
+        inf: &str,
+        vp: &str,
+        voter: &str,
+        v: Option<f64>,
+        ts: &str,
+        model: Option<&str>,
+    ) -> Vote {
+        Vote {
+            inference_id: inf.into(),
+            voter_id: voter.into(),
+            voter_prompt_id: vp.into(),
+            value: v,
+            timestamp: crate::time::parse_timestamp(ts).unwrap(),
+            vote_id: None,
+            model_id: model.map(Into::into),
+            weight: 1.0,
+            inference_time: None,
+        }
+    }
+
+    /// A store holding `votes` processed (windows left open unless `close`).
+    fn store_with(dir: &std::path::Path, votes: &[Vote], close: bool) -> Arc<Store> {
+        let store = Store::open(dir).unwrap();
+        let cfg = crate::config::Config::load(None).unwrap().engine();
+        let (mut e, _): (Engine, _) = store.load(cfg).unwrap();
+        let mut out = Vec::new();
+        for v in votes {
+            e.process(v, &mut out);
+        }
+        if close {
+            e.close_all(&mut out);
+        }
+        let mut records = Vec::new();
+        encode_changes_into(&mut e, &mut records);
+        store.apply(&records, &[]).unwrap();
+        Arc::new(store)
+    }
+
+    fn get(addr: SocketAddr, path: &str, token: Option<&str>) -> (u16, serde_json::Value) {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let code = text.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+        (code, json)
+    }
+
+    fn server(holdings: Arc<Holdings>, peers: &[String]) -> SocketAddr {
+        let api = Api::new(holdings, "tok", peers, Duration::from_secs(2));
+        serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Metrics::new(10),
+            routes(api),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn answers_errors_and_two_instances() {
+        let d0 = tempfile::tempdir().unwrap();
+        let d1 = tempfile::tempdir().unwrap();
+        let s0 = store_with(
+            d0.path(),
+            &[
+                vote(
+                    "inf/1 é",
+                    "r2",
+                    "v2",
+                    Some(1.0),
+                    "2024-01-01T00:00:01Z",
+                    Some("m"),
+                ),
+                vote(
+                    "inf/1 é",
+                    "r2",
+                    "v1",
+                    Some(0.0),
+                    "2024-01-01T00:00:02Z",
+                    None,
+                ),
+                vote("inf/1 é", "r1", "v1", None, "2024-01-01T00:00:03Z", None),
+                // Still open: pending.
+                vote(
+                    "inf/1 é",
+                    "r1",
+                    "v3",
+                    Some(1.0),
+                    "2024-01-01T00:10:00Z",
+                    None,
+                ),
+            ],
+            false,
+        );
+        let s1 = store_with(
+            d1.path(),
+            &[vote(
+                "other",
+                "r2",
+                "v9",
+                Some(0.5),
+                "2024-01-01T00:00:01Z",
+                Some("m"),
+            )],
+            true,
+        );
+        let h0 = Arc::new(Holdings::default());
+        h0.set_topics([("votes".to_owned(), 2)].into());
+        h0.set_held([(("votes".to_owned(), 0), Some(s0))].into());
+        let h1 = Arc::new(Holdings::default());
+        h1.set_topics([("votes".to_owned(), 2)].into());
+        h1.set_held([(("votes".to_owned(), 1), Some(s1.clone()))].into());
+        let a1 = server(h1.clone(), &[]);
+        let a0 = server(
+            h0.clone(),
+            &[format!("http://{a1}"), format!("http://{a1}/")],
+        );
+        let id = format!("/v1/inferences/{}", percent_encode("inf/1 é"));
+
+        // Alone, instance 1 misses partition 0: 503, not an empty answer.
+        let (code, body) = get(a1, "/v1/inferences/other", Some("tok"));
+        assert_eq!(code, 503, "{body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("votes-0"),
+            "{body}"
+        );
+
+        let (code, body) = get(a0, &id, Some("tok"));
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(body["inference_id"], "inf/1 é");
+        let series = body["series"].as_array().unwrap();
+        assert_eq!(series.len(), 2);
+        assert_eq!(series[0]["voter_prompt_id"], "r1");
+        assert_eq!(series[0]["score"], serde_json::Value::Null);
+        assert_eq!(series[0]["update_seq"], 0);
+        assert_eq!(series[0]["abstentions"], 1);
+        assert_eq!(series[0]["pending_votes"], 1);
+        assert_eq!(series[0]["voters"], serde_json::json!(["v1", "v3"]));
+        assert_eq!(series[1]["voter_prompt_id"], "r2");
+        assert_eq!(series[1]["model_id"], "m");
+        assert_eq!(series[1]["update_seq"], 1);
+        assert_eq!(series[1]["votes"], 2);
+        assert_eq!(series[1]["ambiguous"], true);
+        assert_eq!(series[1]["last_vote_at"], "2024-01-01T00:00:02Z");
+        assert_eq!(series[1]["voters"], serde_json::json!(["v1", "v2"]));
+        assert_eq!(series[1]["voters_truncated"], false);
+        // The other instance's inference, through instance 0.
+        let (code, body) = get(a0, "/v1/inferences/other", Some("tok"));
+        assert_eq!(code, 200, "{body}");
+        assert!(body["series"][0]["score"].as_f64().unwrap() > 0.0);
+
+        let (code, board) = get(a0, "/v1/leaderboard", Some("tok"));
+        assert_eq!(code, 200, "{board}");
+        let rows = board["rows"].as_array().unwrap();
+        assert_eq!(rows.len(), 1, "{board}");
+        assert_eq!(rows[0]["model_id"], "m");
+        assert_eq!(rows[0]["series"], 2);
+        assert_eq!(rows[0]["ambiguous_series"], 1);
+        assert_eq!(rows[0]["votes"], 3);
+        let (_, none) = get(a0, "/v1/leaderboard?voter_prompt_id=r1", Some("tok"));
+        assert_eq!(none["rows"], serde_json::json!([]));
+
+        // Errors: JSON, with the right status.
+        for (path, token, want) in [
+            (id.as_str(), None, 401),
+            (id.as_str(), Some("nope"), 401),
+            ("/v1/inferences/unknown", Some("tok"), 404),
+            ("/v1/inferences/bad%zz", Some("tok"), 400),
+            ("/v1/inferences/%FF", Some("tok"), 400),
+            ("/v1/leaderboard?model=x", Some("tok"), 400),
+            ("/v1/nothing", Some("tok"), 404),
+            ("/nothing", None, 404),
+        ] {
+            let (code, body) = get(a0, path, token);
+            assert_eq!(code, want, "{path}: {body}");
+            assert!(body["error"].is_string(), "{path}: {body}");
+        }
+        let long = format!("/v1/inferences/{}", "a".repeat(300));
+        assert_eq!(get(a0, &long, Some("tok")).0, 400);
+
+        // A restoring partition: 503 with Retry-After, never stale.
+        h1.set_held([(("votes".to_owned(), 1), None)].into());
+        let (code, body) = get(a0, &id, Some("tok"));
+        assert_eq!(code, 503, "{body}");
+        assert!(
+            body["error"].as_str().unwrap().contains("votes-1"),
+            "{body}"
+        );
+        assert_eq!(get(a0, "/v1/leaderboard", Some("tok")).0, 503);
+        h1.set_held([(("votes".to_owned(), 1), Some(s1))].into());
+        assert_eq!(get(a0, &id, Some("tok")).0, 200);
+    }
+}
