@@ -49,6 +49,7 @@ pub fn inspect(dir: &Path, inference_id: &str) -> Result<Value> {
                 "last_vote_at": s.last_vote_at.map(format_timestamp),
                 "votes": s.votes,
                 "abstentions": s.abstentions,
+                "ambiguous": s.ambiguous,
             }));
         }
         for (k, b) in store.batches_of(inference_id)? {
