@@ -293,23 +293,43 @@ impl Config {
                 }
                 ConfigError(format!("{path}: {inner}"))
             })?;
-        s.validate()?;
-        let engine = s.engine()?;
-        Ok(Config {
-            batching: s.batching,
-            scoring: s.scoring,
-            ambiguity: s.ambiguity,
-            input: s.input,
-            dedupe: s.dedupe,
-            outputs: s.outputs,
-            metrics: s.metrics,
-            api: s.api,
-            kafka: s.kafka,
-            state: s.state,
-            log: s.log,
-            rubrics: s.rubrics,
-            engine,
-        })
+        s.into_config()
+    }
+
+    /// This configuration with another decay (λ in `time_unit`) and window,
+    /// validated as a file setting them would be: a backtest grid point
+    /// (SPEC §10). A rubric's own `lambda` keeps its meaning: when it does
+    /// not name a `time_unit` it keeps the configured one.
+    pub fn with_decay_and_window(
+        &self,
+        lambda: f64,
+        time_unit: TimeUnit,
+        window_seconds: f64,
+    ) -> Result<Config, ConfigError> {
+        let mut rubrics = self.rubrics.clone();
+        for o in rubrics.values_mut() {
+            if o.lambda.is_some() && o.time_unit.is_none() {
+                o.time_unit = Some(self.scoring.time_unit);
+            }
+        }
+        let mut s = Sections {
+            batching: self.batching.clone(),
+            scoring: self.scoring.clone(),
+            ambiguity: self.ambiguity.clone(),
+            input: self.input.clone(),
+            dedupe: self.dedupe.clone(),
+            outputs: self.outputs.clone(),
+            metrics: self.metrics.clone(),
+            api: self.api.clone(),
+            kafka: self.kafka.clone(),
+            state: self.state.clone(),
+            log: self.log.clone(),
+            rubrics,
+        };
+        s.scoring.lambda = lambda;
+        s.scoring.time_unit = time_unit;
+        s.batching.window_seconds = window_seconds;
+        s.into_config()
     }
 
     /// The engine's view of this configuration, validated and built at load.
@@ -376,6 +396,26 @@ fn blame_env(e: ConfigError, from_env: &BTreeMap<String, String>) -> ConfigError
 }
 
 impl Sections {
+    fn into_config(self) -> Result<Config, ConfigError> {
+        self.validate()?;
+        let engine = self.engine()?;
+        Ok(Config {
+            batching: self.batching,
+            scoring: self.scoring,
+            ambiguity: self.ambiguity,
+            input: self.input,
+            dedupe: self.dedupe,
+            outputs: self.outputs,
+            metrics: self.metrics,
+            api: self.api,
+            kafka: self.kafka,
+            state: self.state,
+            log: self.log,
+            rubrics: self.rubrics,
+            engine,
+        })
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let b = &self.batching;
         seconds("batching.window_seconds", b.window_seconds)?;

@@ -6,6 +6,7 @@
 //! encodes the events. [`replay`] and [`service`] are the two shells.
 
 pub mod api;
+pub mod backtest;
 pub mod config;
 pub mod engine;
 pub mod input;

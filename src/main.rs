@@ -112,6 +112,65 @@ enum Command {
         #[arg(long, value_name = "ID")]
         inference: String,
     },
+    /// Choose λ, window and the ambiguity threshold from your own votes.
+    ///
+    /// Replays the file once per (λ, window) of the grid with the engine of
+    /// `replay` (in parallel; the file is decoded once) and judges how well
+    /// each series' score before a batch predicts that batch's mean vote
+    /// (SPEC §10): mse, log loss and skill (1 − mse / mse of predicting with
+    /// the previous batch's mean vote; higher is better), ranked by skill.
+    /// For every (window, threshold) it counts the updates a threshold would
+    /// flag and recommends the smallest threshold within the review budget.
+    /// Bad lines are counted and skipped. Exit status 2 names a bad flag.
+    Backtest {
+        /// Configuration file (TOML); the grid varies λ and the window, the
+        /// rest is used as given (a rubric's own lambda still wins).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Votes, one JSON object per line.
+        #[arg(long, value_name = "VOTES.jsonl")]
+        input: PathBuf,
+        /// Decay constants to try, comma-separated (default: scoring.lambda).
+        #[arg(long, value_name = "L1,L2,…", allow_hyphen_values = true)]
+        lambda: Option<String>,
+        /// Unit of the --lambda values: seconds, minutes, hours or days
+        /// (default: scoring.time_unit).
+        #[arg(long, value_name = "U")]
+        time_unit: Option<String>,
+        /// Windows to try, comma-separated, in seconds or with s, m, h, d
+        /// (default: batching.window_seconds).
+        #[arg(long, value_name = "W1,W2,…", allow_hyphen_values = true)]
+        window: Option<String>,
+        /// Variance thresholds to count flags for, comma-separated
+        /// (default: 0.01,0.02,0.03,0.05,0.075,0.1,0.125,0.15,0.2).
+        #[arg(long, value_name = "T1,T2,…", allow_hyphen_values = true)]
+        variance_threshold: Option<String>,
+        /// Largest share of score updates reviewers can look at: the
+        /// recommended threshold is the smallest whose flag rate is within it.
+        #[arg(
+            long,
+            value_name = "B",
+            default_value = "0.05",
+            allow_hyphen_values = true
+        )]
+        review_budget: String,
+        /// Step of event time for the metrics over time (e.g. 1d, 6h, 3600).
+        #[arg(
+            long,
+            value_name = "D",
+            default_value = "1d",
+            allow_hyphen_values = true
+        )]
+        step: String,
+        /// Output: a ranking for a terminal (table) or one JSON object (json).
+        #[arg(long, value_name = "FORMAT", default_value = "table")]
+        format: String,
+        /// Also write DIR/index.html: charts of skill and log loss against λ,
+        /// batch variances with the thresholds, score trajectories of the
+        /// most-voted series, skill per step.
+        #[arg(long, value_name = "DIR")]
+        report: Option<PathBuf>,
+    },
     /// Ask a running service's query API and print the answer as pretty JSON.
     ///
     /// Any instance of the group answers for every partition (it asks the
@@ -305,6 +364,61 @@ fn main() -> ExitCode {
                 std::thread::sleep(Duration::from_secs(metrics_linger));
             }
             r
+        }
+        Command::Backtest {
+            config,
+            input,
+            lambda,
+            time_unit,
+            window,
+            variance_threshold,
+            review_budget,
+            step,
+            format,
+            report,
+        } => {
+            use jurystream::backtest;
+            let cfg = match load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let usage = |e: backtest::UsageError| {
+                eprintln!("jurystream: {e}");
+                ExitCode::from(2)
+            };
+            let json = match format.as_str() {
+                "json" => true,
+                "table" => false,
+                other => {
+                    return usage(backtest::UsageError(format!(
+                        "--format: {other:?} is not table or json"
+                    )))
+                }
+            };
+            let raw = backtest::RawOptions {
+                input,
+                lambda,
+                time_unit,
+                window,
+                variance_threshold,
+                review_budget: Some(review_budget),
+                step: Some(step),
+                report,
+            };
+            let opts = match raw.resolve(&cfg) {
+                Ok(o) => o,
+                Err(e) => return usage(e),
+            };
+            if let Err(e) = backtest::grid(&cfg, &opts) {
+                return usage(e);
+            }
+            match backtest::run_and_print(&cfg, &opts, json) {
+                Err(e) if e.downcast_ref::<backtest::UsageError>().is_some() => {
+                    eprintln!("jurystream: {e}");
+                    return ExitCode::from(2);
+                }
+                r => r,
+            }
         }
         Command::Consume {
             topics,

@@ -1,5 +1,6 @@
 //! `jurystream replay`: a JSONL file as one partition → the engine → stdout.
 
+use std::borrow::Borrow;
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -36,6 +37,17 @@ pub struct ReplaySummary {
     pub events: u64,
 }
 
+/// Where the engine loop hands what it produces: replay writes events,
+/// the backtest judges score updates.
+pub(crate) trait Sink {
+    /// The score updates of one vote (or of the end-of-input close).
+    fn updates(&mut self, updates: &mut Vec<ScoreUpdate>) -> std::io::Result<()>;
+    /// A rejected line (bad input or a late vote).
+    fn rejected(&mut self, r: &Rejection, bytes: &[u8], line: u64) -> std::io::Result<()>;
+    /// After each chunk of lines.
+    fn chunk_done(&mut self, _engine: &Engine) {}
+}
+
 /// Writes events as JSON lines, refreshing `processed_at` now and then.
 struct EventWriter<W: Write> {
     metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
@@ -68,7 +80,9 @@ impl<W: Write> EventWriter<W> {
         self.out.write_all(json.as_bytes())?;
         self.out.write_all(b"\n")
     }
+}
 
+impl<W: Write> Sink for EventWriter<W> {
     fn updates(&mut self, updates: &mut Vec<ScoreUpdate>) -> std::io::Result<()> {
         if updates.is_empty() {
             return Ok(());
@@ -95,10 +109,17 @@ impl<W: Write> EventWriter<W> {
         let s = vote_rejected_json(r, &payload, &Source::Line { line }, &self.stamp);
         self.line(&s)
     }
+
+    fn chunk_done(&mut self, engine: &Engine) {
+        if let Some(m) = &self.metrics {
+            m.observe_engine("0", engine);
+        }
+    }
 }
 
 /// Progress on stderr, only when it is a terminal.
-struct Progress {
+pub(crate) struct Progress {
+    what: &'static str,
     enabled: bool,
     started: Instant,
     last: Instant,
@@ -106,9 +127,10 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(total_bytes: u64) -> Self {
+    pub(crate) fn new(what: &'static str, total_bytes: u64) -> Self {
         let now = Instant::now();
         Progress {
+            what,
             enabled: std::io::stderr().is_terminal(),
             started: now,
             last: now,
@@ -116,7 +138,7 @@ impl Progress {
         }
     }
 
-    fn update(&mut self, lines: u64, bytes: u64, votes: u64) {
+    pub(crate) fn update(&mut self, lines: u64, bytes: u64, votes: u64) {
         if !self.enabled || self.last.elapsed() < Duration::from_millis(500) {
             return;
         }
@@ -128,12 +150,13 @@ impl Progress {
             100.0
         };
         eprint!(
-            "\rreplay: {lines} lines ({pct:.1}%), {votes} votes accepted, {:.0} lines/s   ",
+            "\r{}: {lines} lines ({pct:.1}%), {votes} votes, {:.0} lines/s   ",
+            self.what,
             lines as f64 / secs
         );
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if self.enabled {
             eprintln!();
         }
@@ -227,13 +250,13 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
 }
 
 /// A run of input lines, read and decoded off the engine's thread.
-struct Chunk {
+pub(crate) struct Chunk {
     buf: Vec<u8>,
     /// (start, end, line number) of each non-blank line in `buf`.
-    lines: Vec<(usize, usize, u64)>,
-    decoded: Vec<Result<Vote, Rejection>>,
+    pub(crate) lines: Vec<(usize, usize, u64)>,
+    pub(crate) decoded: Vec<Result<Vote, Rejection>>,
     /// Input bytes consumed up to the end of this chunk.
-    bytes: u64,
+    pub(crate) bytes: u64,
 }
 
 const CHUNK_LINES: usize = 2048;
@@ -241,7 +264,7 @@ const CHUNK_LINES: usize = 2048;
 /// Reads lines and decodes them into chunks, sent to the engine thread. The
 /// order of lines is kept; decoding is pure, so doing it on another thread
 /// changes nothing but speed.
-fn read_chunks<R: Read>(
+pub(crate) fn read_chunks<R: Read>(
     mut reader: BufReader<R>,
     decode: &DecodeOptions,
     tx: std::sync::mpsc::SyncSender<std::io::Result<Chunk>>,
@@ -472,57 +495,104 @@ impl Shell<'_> {
     }
 }
 
-fn process_lines<R: Read + Send, W: Write>(
+/// Decodes `reader` on its own thread and runs it through the shell.
+fn process_lines<R: Read + Send, K: Sink>(
     reader: BufReader<R>,
     decode: &DecodeOptions,
     shell: &mut Shell<'_>,
-    w: &mut EventWriter<W>,
+    sink: &mut K,
     total_bytes: u64,
+) -> Result<ReplaySummary> {
+    let mut progress = Progress::new("replay", total_bytes);
+    let summary = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
+        scope.spawn(move || read_chunks(reader, decode, tx));
+        drive(rx.into_iter(), shell, sink, Some(&mut progress))
+    })?;
+    progress.finish();
+    Ok(summary)
+}
+
+/// The engine loop: each chunk's series and identities loaded (the next
+/// chunk's prefetched meanwhile), its lines processed in order into
+/// `sink`, then the cache kept within budget. Chunks may be shared
+/// (the backtest hands one decoded chunk to every grid point).
+fn drive<C: Borrow<Chunk>, K: Sink>(
+    chunks: impl Iterator<Item = std::io::Result<C>>,
+    shell: &mut Shell<'_>,
+    sink: &mut K,
+    mut progress: Option<&mut Progress>,
 ) -> Result<ReplaySummary> {
     let mut summary = ReplaySummary::default();
     let mut updates = Vec::new();
     let mut wants = Vec::new();
-    let mut progress = Progress::new(total_bytes);
     std::thread::scope(|scope| -> Result<()> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
-        scope.spawn(move || read_chunks(reader, decode, tx));
         let mut workers = Workers::start(scope, shell.store);
-        let mut rx = rx.into_iter();
-        let mut next = rx.next();
+        let mut chunks = chunks;
+        let mut next = chunks.next();
         while let Some(chunk) = next {
             let chunk = chunk.context("cannot read input")?;
-            shell.load(&mut workers, &chunk, &mut wants)?;
-            next = rx.next();
+            let chunk: &Chunk = chunk.borrow();
+            shell.load(&mut workers, chunk, &mut wants)?;
+            next = chunks.next();
             if let Some(Ok(following)) = &next {
-                shell.prefetch(&mut workers, following)?;
+                shell.prefetch(&mut workers, following.borrow())?;
             }
             let engine = &mut *shell.engine;
-            for (&(a, b, line_no), decoded) in chunk.lines.iter().zip(chunk.decoded) {
+            for (&(a, b, line_no), decoded) in chunk.lines.iter().zip(&chunk.decoded) {
                 let line = &chunk.buf[a..b];
                 summary.lines = line_no;
                 match decoded {
                     Err(r) => {
                         summary.rejected += 1;
-                        w.rejected(&r, line, line_no)?;
+                        sink.rejected(r, line, line_no)?;
                     }
-                    Ok(vote) => match engine.process(&vote, &mut updates) {
-                        Outcome::Accepted => w.updates(&mut updates)?,
+                    Ok(vote) => match engine.process(vote, &mut updates) {
+                        Outcome::Accepted => sink.updates(&mut updates)?,
                         Outcome::Duplicate => {}
                         Outcome::Late(r) => {
                             summary.rejected += 1;
-                            w.rejected(&r, line, line_no)?;
+                            sink.rejected(&r, line, line_no)?;
                         }
                     },
                 }
             }
-            progress.update(summary.lines, chunk.bytes, engine.counters.accepted);
-            if let Some(m) = &w.metrics {
-                m.observe_engine("0", engine);
+            if let Some(p) = progress.as_deref_mut() {
+                p.update(summary.lines, chunk.bytes, engine.counters.accepted);
             }
+            sink.chunk_done(engine);
             shell.make_room(&mut workers)?;
         }
         shell.finish_write(&mut workers, true).map(|_| ())
     })?;
-    progress.finish();
+    Ok(summary)
+}
+
+/// Runs `chunks` through a fresh engine for `cfg` on a temporary store
+/// (cache `budget` bytes), closes every batch at the end, and hands the
+/// score updates and rejections to `sink`: a replay without `--state-dir`
+/// that prints nothing.
+pub(crate) fn run_detached<C: Borrow<Chunk>, K: Sink>(
+    cfg: &Config,
+    budget: usize,
+    chunks: impl Iterator<Item = std::io::Result<C>>,
+    sink: &mut K,
+) -> Result<ReplaySummary> {
+    let tmp = tempfile::tempdir().context("cannot create a temporary state directory")?;
+    let store = Store::open_temporary(tmp.path())?;
+    let (mut engine, _) = store.load(cfg.engine())?;
+    let mut shell = Shell {
+        engine: &mut engine,
+        store: &store,
+        budget,
+        persist: false,
+        evictions: 0,
+        load_time: Duration::ZERO,
+        wait_time: Duration::ZERO,
+    };
+    let summary = drive(chunks, &mut shell, sink, None)?;
+    let mut updates = Vec::new();
+    engine.close_all(&mut updates);
+    sink.updates(&mut updates)?;
     Ok(summary)
 }

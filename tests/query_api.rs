@@ -184,8 +184,9 @@ fn expected_inference(
 
 /// The leaderboard computed from the replay's final series (SPEC §9).
 fn expected_board(state: &BTreeMap<String, Vec<Value>>) -> Vec<Value> {
-    // (rubric, model) -> (series, score sum, ambiguous, votes)
-    let mut acc: BTreeMap<(String, Option<String>), (u64, f64, u64, u64)> = BTreeMap::new();
+    /// (series, score sum, ambiguous series, votes)
+    type Row = (u64, f64, u64, u64);
+    let mut acc: BTreeMap<(String, Option<String>), Row> = BTreeMap::new();
     for s in state.values().flatten() {
         if s["update_seq"].as_u64().unwrap() == 0 {
             continue;

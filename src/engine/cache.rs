@@ -304,6 +304,7 @@ impl Engine {
                     votes: 0,
                     ambiguous: false,
                     pending: 0,
+                    last_mean_vote: None,
                 };
                 self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
                 self.series.insert(

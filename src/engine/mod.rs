@@ -105,6 +105,9 @@ pub struct SeriesState {
     pub ambiguous: bool,
     /// Accepted votes in the series' open batches.
     pub pending: u64,
+    /// The last scored batch's mean vote (None before the first update):
+    /// the backtest's naive forecast of the next batch (SPEC §10).
+    pub last_mean_vote: Option<f64>,
 }
 
 /// [`SeriesState`] as stored before the query API (format ≤ 3), read from
@@ -130,6 +133,36 @@ impl From<SeriesStateV1> for SeriesState {
             votes: v.votes,
             ambiguous: false,
             pending: 0,
+            last_mean_vote: None,
+        }
+    }
+}
+
+/// [`SeriesState`] as format 4 stored it (before `last_mean_vote`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct SeriesStateV4 {
+    pub model_id: Option<Box<str>>,
+    pub score: f64,
+    pub last_vote_at: Option<Nanos>,
+    pub update_seq: u64,
+    pub abstentions: u64,
+    pub votes: u64,
+    pub ambiguous: bool,
+    pub pending: u64,
+}
+
+impl From<SeriesStateV4> for SeriesState {
+    fn from(v: SeriesStateV4) -> SeriesState {
+        SeriesState {
+            model_id: v.model_id,
+            score: v.score,
+            last_vote_at: v.last_vote_at,
+            update_seq: v.update_seq,
+            abstentions: v.abstentions,
+            votes: v.votes,
+            ambiguous: v.ambiguous,
+            pending: v.pending,
+            last_mean_vote: None,
         }
     }
 }
@@ -196,6 +229,12 @@ pub struct ScoreUpdate {
     pub update_seq: u64,
     pub score: f64,
     pub previous_score: f64,
+    /// The series' previous scored batch's mean vote (None on the first
+    /// update, and after an update stored without it: [`SeriesStateV4`]).
+    pub previous_mean_vote: Option<f64>,
+    /// The series' counted votes in all its scored batches, this one
+    /// included.
+    pub series_votes: u64,
     pub alpha: f64,
     pub delta_t_seconds: f64,
     pub ambiguous: bool,
@@ -639,6 +678,7 @@ impl Engine {
         state.update_seq += 1;
         state.votes += counted.len() as u64;
         state.ambiguous = ambiguous;
+        let previous_mean_vote = state.last_mean_vote.replace(m.mean);
         let after = before
             .is_some()
             .then(|| board::placement(&key.series.voter_prompt_id, state));
@@ -652,6 +692,8 @@ impl Engine {
             update_seq: state.update_seq,
             score: new_score,
             previous_score: prev_score,
+            previous_mean_vote,
+            series_votes: state.votes,
             alpha,
             delta_t_seconds: dt_seconds,
             ambiguous,

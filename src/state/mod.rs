@@ -35,7 +35,7 @@ use thiserror::Error;
 use crate::engine::board::{BoardKey, BoardRow};
 use crate::engine::{
     Batch, BatchKey, Change, Engine, EngineConfig, Meta, SeriesKey, SeriesState, SeriesStateV1,
-    Wants,
+    SeriesStateV4, Wants,
 };
 use crate::time::Nanos;
 
@@ -112,7 +112,10 @@ fn voter_prefix(k: &SeriesKey) -> Vec<u8> {
 /// `ambiguous` and `pending` (format ≤ 3; postcard has no optional trailing
 /// fields, so the old layout fails to decode as the new one).
 pub fn decode_series(v: &[u8]) -> Result<SeriesState, postcard::Error> {
+    // postcard is not self-describing: an older, shorter record fails to
+    // decode as a newer layout (it ends early), so the newest goes first.
     postcard::from_bytes::<SeriesState>(v)
+        .or_else(|_| postcard::from_bytes::<SeriesStateV4>(v).map(SeriesState::from))
         .or_else(|_| postcard::from_bytes::<SeriesStateV1>(v).map(SeriesState::from))
 }
 

@@ -140,3 +140,50 @@ fn load_reads_open_batches_and_their_series_only() {
     assert_eq!(engine.cached(), (2, 1));
     assert_eq!(engine.wants(&v), Wants::default());
 }
+
+/// Series records of every earlier layout still decode (postcard is not
+/// self-describing; `decode_series` tries the newest layout first).
+#[test]
+fn series_records_of_earlier_layouts_decode() {
+    #[derive(serde::Serialize)]
+    struct V1 {
+        model_id: Option<Box<str>>,
+        score: f64,
+        last_vote_at: Option<i128>,
+        update_seq: u64,
+        abstentions: u64,
+        votes: u64,
+    }
+    #[derive(serde::Serialize)]
+    struct V4 {
+        v1: V1,
+        ambiguous: bool,
+        pending: u64,
+    }
+    let v1 = V1 {
+        model_id: Some("m".into()),
+        score: 0.25,
+        last_vote_at: Some(7),
+        update_seq: 3,
+        abstentions: 1,
+        votes: 5,
+    };
+    let s = super::decode_series(&postcard::to_allocvec(&v1).unwrap()).unwrap();
+    assert_eq!(
+        (s.score, s.update_seq, s.votes, s.ambiguous),
+        (0.25, 3, 5, false)
+    );
+    assert_eq!((s.pending, s.last_mean_vote), (0, None));
+    let v4 = V4 {
+        v1,
+        ambiguous: true,
+        pending: 2,
+    };
+    let s = super::decode_series(&postcard::to_allocvec(&v4).unwrap()).unwrap();
+    assert_eq!((s.ambiguous, s.pending, s.last_mean_vote), (true, 2, None));
+    assert_eq!(s.model_id.as_deref(), Some("m"));
+    let mut now = s.clone();
+    now.last_mean_vote = Some(0.75);
+    let back = super::decode_series(&postcard::to_allocvec(&now).unwrap()).unwrap();
+    assert_eq!(back.last_mean_vote, Some(0.75));
+}

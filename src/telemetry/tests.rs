@@ -15,6 +15,8 @@ fn update(model: Option<&str>, rubric: &str, ambiguous: bool) -> ScoreUpdate {
         update_seq: 1,
         score: 0.5,
         previous_score: 0.5,
+        previous_mean_vote: None,
+        series_votes: 0,
         alpha: 0.5,
         delta_t_seconds: 1.0,
         ambiguous,
