@@ -8,6 +8,10 @@
 //!       are committed; prints the elapsed time.
 //!   kafka_passthrough wait BROKERS TOPIC GROUP N
 //!       wait until GROUP has committed N records of TOPIC; prints the time.
+//!   kafka_passthrough mark BROKERS TOPIC GROUP N
+//!       the same, polling every 20 ms with one client (scripts/bench-query.sh);
+//!       prints the Unix time (s) when it saw N or more committed, and how
+//!       many were committed then.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -19,11 +23,19 @@ use rdkafka::producer::{BaseProducer, BaseRecord};
 use rdkafka::{Offset, TopicPartitionList};
 
 fn committed_total(brokers: &str, topic: &str, group: &str) -> i64 {
-    let c: BaseConsumer = ClientConfig::new()
+    committed_by(&offsets_client(brokers, group), topic)
+}
+
+/// A client that reads GROUP's committed offsets (it does not join the group).
+fn offsets_client(brokers: &str, group: &str) -> BaseConsumer {
+    ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", group)
         .create()
-        .expect("consumer");
+        .expect("consumer")
+}
+
+fn committed_by(c: &BaseConsumer, topic: &str) -> i64 {
     let md = match c.fetch_metadata(Some(topic), Duration::from_secs(10)) {
         Ok(m) => m,
         Err(_) => return 0,
@@ -73,6 +85,21 @@ fn main() {
                 std::thread::sleep(Duration::from_millis(100));
             }
             println!("{:.3}", t.elapsed().as_secs_f64());
+        }
+        Some("mark") => {
+            let (brokers, topic, group, n) = (&a[1], &a[2], &a[3], a[4].parse::<i64>().unwrap());
+            let c = offsets_client(brokers, group);
+            loop {
+                let got = committed_by(&c, topic);
+                if got >= n {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap();
+                    println!("{:.3} {got}", now.as_secs_f64());
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
         Some("pass") => {
             let (brokers, input, output, group, n) =
@@ -137,6 +164,6 @@ fn main() {
             }
             println!("{:.3}", t.elapsed().as_secs_f64());
         }
-        _ => eprintln!("usage: kafka_passthrough pass|wait ..."),
+        _ => eprintln!("usage: kafka_passthrough pass|wait|mark ..."),
     }
 }
