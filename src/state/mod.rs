@@ -96,6 +96,38 @@ fn series_prefix(inference_id: &str) -> Vec<u8> {
     out
 }
 
+/// The prefix extractor's domain: series (`s`) and voter (`v`) keys, whose
+/// prefix is the kind byte, the id's length and the inference id.
+fn inference_prefix_len(key: &[u8]) -> Option<usize> {
+    if !matches!(key.first(), Some(b's' | b'v')) {
+        return None;
+    }
+    let len = u32::from_be_bytes(key.get(1..5)?.try_into().ok()?) as usize;
+    let end = 5usize.checked_add(len)?;
+    (end <= key.len()).then_some(end)
+}
+
+fn inference_prefix(key: &[u8]) -> &[u8] {
+    &key[..inference_prefix_len(key).unwrap_or(key.len())]
+}
+
+fn in_inference_domain(key: &[u8]) -> bool {
+    inference_prefix_len(key).is_some()
+}
+
+/// The smallest key after every key starting with `prefix` (None: there is
+/// none, the prefix is all 0xff).
+fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
 /// `v` key prefix of a series' voters.
 fn voter_prefix(k: &SeriesKey) -> Vec<u8> {
     let (inf, vp) = (k.inference_id.as_bytes(), k.voter_prompt_id.as_bytes());
@@ -268,6 +300,16 @@ fn options(temporary: bool) -> Options {
     });
     opts.increase_parallelism(2);
     opts.set_block_based_table_factory(&bb);
+    // Prefix blooms (memtable and files) on the inference of series and
+    // voter keys: the query API asks every partition for an inference, and
+    // the partitions without it answer from their filters. Point lookups
+    // keep their whole-key filters; every other scan is a total-order one
+    // (`Store::scan`).
+    opts.set_prefix_extractor(rocksdb::SliceTransform::create(
+        "jurystream.inference.v1",
+        inference_prefix,
+        Some(in_inference_domain),
+    ));
     opts.set_memtable_prefix_bloom_ratio(0.1);
     opts.set_memtable_whole_key_filtering(true);
     opts.set_write_buffer_size(16 << 20);
@@ -439,7 +481,7 @@ impl Store {
     pub fn voters(&self, k: &SeriesKey, limit: usize) -> Result<(Vec<String>, bool), StoreError> {
         let prefix = voter_prefix(k);
         let mut out = Vec::new();
-        for item in self.prefix(&prefix) {
+        for item in self.inference_scan(&prefix) {
             let (key, _) = item?;
             if out.len() == limit {
                 return Ok((out, true));
@@ -451,13 +493,42 @@ impl Store {
         Ok((out, false))
     }
 
-    /// Iterates the records whose key starts with `prefix`.
+    /// Iterates the records whose key starts with `prefix`, in key order
+    /// (a total-order scan bounded by the prefix).
     fn prefix<'a>(
         &'a self,
         prefix: &'a [u8],
     ) -> impl Iterator<Item = Result<KeyValue, StoreError>> + 'a {
+        self.scan(prefix, false)
+    }
+
+    /// [`Store::prefix`] for a prefix that extends an inference prefix
+    /// (`s`/`v` + id): a partition without that inference answers from its
+    /// prefix filters without reading a data block.
+    fn inference_scan<'a>(
+        &'a self,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = Result<KeyValue, StoreError>> + 'a {
+        debug_assert!(in_inference_domain(prefix));
+        self.scan(prefix, true)
+    }
+
+    fn scan<'a>(
+        &'a self,
+        prefix: &'a [u8],
+        by_inference: bool,
+    ) -> impl Iterator<Item = Result<KeyValue, StoreError>> + 'a {
+        let mut opts = ReadOptions::default();
+        if by_inference {
+            opts.set_prefix_same_as_start(true);
+        } else {
+            opts.set_total_order_seek(true);
+        }
+        if let Some(end) = prefix_end(prefix) {
+            opts.set_iterate_upper_bound(end);
+        }
         self.db
-            .iterator(IteratorMode::From(prefix, Direction::Forward))
+            .iterator_opt(IteratorMode::From(prefix, Direction::Forward), opts)
             .map(|r| r.map_err(|e| self.rocks(e)))
             .take_while(move |r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
     }
@@ -662,6 +733,7 @@ impl Store {
     pub fn sweep(&self, horizon: Nanos, limit: usize) -> Result<Vec<Record>, StoreError> {
         let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
         let mut opts = ReadOptions::default();
+        opts.set_total_order_seek(true);
         opts.set_iterate_lower_bound(from.clone());
         opts.set_iterate_upper_bound(time_index_key(horizon, &[]));
         let mut out = Vec::new();
@@ -699,7 +771,7 @@ impl Store {
     ) -> Result<Vec<(SeriesKey, SeriesState)>, StoreError> {
         let prefix = series_prefix(inference_id);
         let mut out = Vec::new();
-        for item in self.prefix(&prefix) {
+        for item in self.inference_scan(&prefix) {
             let (k, v) = item?;
             let key = parse_series_key(&k).ok_or_else(|| self.corrupt(&k, "bad series key"))?;
             if &*key.inference_id != inference_id {

@@ -187,3 +187,31 @@ fn series_records_of_earlier_layouts_decode() {
     let back = super::decode_series(&postcard::to_allocvec(&now).unwrap()).unwrap();
     assert_eq!(back.last_mean_vote, Some(0.75));
 }
+
+#[test]
+fn the_inference_prefix_covers_series_and_voter_keys_only() {
+    let k = SeriesKey {
+        inference_id: "inf-1".into(),
+        voter_prompt_id: "safety".into(),
+    };
+    let s = series_key_bytes(&k);
+    let v = [voter_prefix(&k), b"rev-1".to_vec()].concat();
+    let p = series_prefix("inf-1");
+    assert_eq!(inference_prefix(&s), &p[..]);
+    assert_eq!(&inference_prefix(&v)[1..], &p[1..]);
+    assert_eq!(inference_prefix(&p), &p[..], "a prefix is its own prefix");
+    assert!(in_inference_domain(&s) && in_inference_domain(&v) && in_inference_domain(&p));
+    for other in [
+        &identity_key(7)[..],
+        b"b",
+        b"s",
+        b"s\0\0\0\x09ab",
+        b"l",
+        b"p:format",
+    ] {
+        assert!(!in_inference_domain(other), "{other:?}");
+    }
+    assert_eq!(prefix_end(b"s\x01"), Some(b"s\x02".to_vec()));
+    assert_eq!(prefix_end(b"s\xff"), Some(b"t".to_vec()));
+    assert_eq!(prefix_end(b"\xff\xff"), None);
+}
