@@ -211,9 +211,14 @@ impl Holdings {
 }
 
 fn series_of(store: &Store, inference_id: &str) -> Result<Vec<SeriesOut>, StoreError> {
+    let series = store.series_of(inference_id)?;
+    if series.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut voters_of = store.voters_of(inference_id, MAX_VOTERS)?;
     let mut out = Vec::new();
-    for (k, s) in store.series_of(inference_id)? {
-        let (voters, voters_truncated) = store.voters(&k, MAX_VOTERS)?;
+    for (k, s) in series {
+        let (voters, voters_truncated) = voters_of.remove(&*k.voter_prompt_id).unwrap_or_default();
         let scored = s.update_seq >= 1;
         out.push(SeriesOut {
             voter_prompt_id: k.voter_prompt_id.to_string(),

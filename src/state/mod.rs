@@ -24,6 +24,7 @@
 //! - `c`, `o`…                   → the service's cycle marker and outbox
 //!   (`crate::service::changelog`); stored here, never interpreted here
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use rocksdb::{
@@ -476,21 +477,53 @@ impl Store {
         Ok(out)
     }
 
-    /// Up to `limit` voters of a series, sorted byte-wise, and whether it
-    /// has more.
-    pub fn voters(&self, k: &SeriesKey, limit: usize) -> Result<(Vec<String>, bool), StoreError> {
-        let prefix = voter_prefix(k);
-        let mut out = Vec::new();
-        for item in self.inference_scan(&prefix) {
-            let (key, _) = item?;
-            if out.len() == limit {
-                return Ok((out, true));
-            }
-            let voter =
-                std::str::from_utf8(&key[prefix.len()..]).map_err(|e| self.corrupt(&key, e))?;
-            out.push(voter.to_owned());
+    /// The voters of every series of `inference_id`, per `voter_prompt_id`:
+    /// the first `limit` voter ids in byte order, and whether there are
+    /// more. One scan of the inference's `v` keys (a series over the limit
+    /// is skipped with a seek).
+    pub fn voters_of(
+        &self,
+        inference_id: &str,
+        limit: usize,
+    ) -> Result<HashMap<String, (Vec<String>, bool)>, StoreError> {
+        let prefix = [&b"v"[..], &series_prefix(inference_id)[1..]].concat();
+        let mut opts = ReadOptions::default();
+        opts.set_prefix_same_as_start(true);
+        if let Some(end) = prefix_end(&prefix) {
+            opts.set_iterate_upper_bound(end);
         }
-        Ok((out, false))
+        let mut it = self.db.raw_iterator_opt(opts);
+        it.seek(&prefix);
+        let mut out: HashMap<String, (Vec<String>, bool)> = HashMap::new();
+        while let Some(key) = it.key() {
+            if !key.starts_with(&prefix) {
+                break;
+            }
+            let rest = &key[prefix.len()..];
+            let parsed = rest.get(..4).and_then(|l| {
+                let n = u32::from_be_bytes(l.try_into().ok()?) as usize;
+                let vp = std::str::from_utf8(rest.get(4..4 + n)?).ok()?;
+                let voter = std::str::from_utf8(&rest[4 + n..]).ok()?;
+                Some((4 + n, vp, voter))
+            });
+            let Some((series_len, vp, voter)) = parsed else {
+                return Err(self.corrupt(key, "bad voter key"));
+            };
+            let entry = out.entry(vp.to_owned()).or_default();
+            if entry.0.len() == limit {
+                entry.1 = true;
+                // Past this series' voters.
+                match prefix_end(&key[..prefix.len() + series_len]) {
+                    Some(next) => it.seek(next),
+                    None => break,
+                }
+                continue;
+            }
+            entry.0.push(voter.to_owned());
+            it.next();
+        }
+        it.status().map_err(|e| self.rocks(e))?;
+        Ok(out)
     }
 
     /// Iterates the records whose key starts with `prefix`, in key order

@@ -215,3 +215,42 @@ fn the_inference_prefix_covers_series_and_voter_keys_only() {
     assert_eq!(prefix_end(b"s\xff"), Some(b"t".to_vec()));
     assert_eq!(prefix_end(b"\xff\xff"), None);
 }
+
+#[test]
+fn voters_of_an_inference_come_per_rubric_in_one_scan_with_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let key = |inf: &str, vp: &str| SeriesKey {
+        inference_id: inf.into(),
+        voter_prompt_id: vp.into(),
+    };
+    let voter = |k: &SeriesKey, v: &str| -> Record {
+        (
+            [voter_prefix(k), v.as_bytes().to_vec()].concat(),
+            Some(Vec::new()),
+        )
+    };
+    let (a, b) = (key("inf", "a"), key("inf", "b"));
+    let mut records = Vec::new();
+    for v in ["v3", "v1", "v2", "v4"] {
+        records.push(voter(&a, v));
+    }
+    records.push(voter(&b, "only"));
+    // neighbours that share bytes with the inference id
+    records.push(voter(&key("in", "fa"), "x"));
+    records.push(voter(&key("inf\u{0}", "a"), "y"));
+    store.apply(&records, &[]).unwrap();
+    let got = store.voters_of("inf", 3).unwrap();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        got["a"],
+        (vec!["v1".into(), "v2".into(), "v3".into()], true)
+    );
+    assert_eq!(got["b"], (vec!["only".to_owned()], false));
+    assert_eq!(store.voters_of("inf", 10).unwrap()["a"].0.len(), 4);
+    assert!(store.voters_of("none", 10).unwrap().is_empty());
+    assert_eq!(
+        store.voters_of("in", 10).unwrap()["fa"].0,
+        vec!["x".to_owned()]
+    );
+}
