@@ -254,3 +254,56 @@ fn voters_of_an_inference_come_per_rubric_in_one_scan_with_the_limit() {
         vec!["x".to_owned()]
     );
 }
+
+/// Prefix filters never hide a series or a voter: in memtables, in files,
+/// and in both at once, for ids that share bytes.
+#[test]
+fn prefix_filters_find_every_inference_in_memtables_and_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let state = SeriesState {
+        model_id: None,
+        score: 0.5,
+        last_vote_at: None,
+        update_seq: 0,
+        abstentions: 0,
+        votes: 0,
+        ambiguous: false,
+        pending: 0,
+        last_mean_vote: None,
+    };
+    let ids: Vec<String> = (0..3000).map(|i| format!("inf-{i}")).collect();
+    for (round, chunk) in ids.chunks(1000).enumerate() {
+        let mut records = Vec::new();
+        for id in chunk {
+            let k = SeriesKey {
+                inference_id: id.as_str().into(),
+                voter_prompt_id: "r".into(),
+            };
+            records.push((
+                series_key_bytes(&k),
+                Some(postcard::to_allocvec(&state).unwrap()),
+            ));
+            records.push(([voter_prefix(&k), b"v".to_vec()].concat(), Some(Vec::new())));
+        }
+        store.apply(&records, &[]).unwrap();
+        if round < 2 {
+            store.flush().unwrap();
+        }
+    }
+    for id in &ids {
+        assert_eq!(store.series_of(id).unwrap().len(), 1, "{id}");
+        assert_eq!(
+            store.voters_of(id, 10).unwrap()["r"].0,
+            vec!["v".to_owned()],
+            "{id}"
+        );
+    }
+    for missing in ["inf-3000", "inf-", "inf-10000", "", "inf-1\u{0}"] {
+        assert!(store.series_of(missing).unwrap().is_empty(), "{missing}");
+        assert!(
+            store.voters_of(missing, 10).unwrap().is_empty(),
+            "{missing}"
+        );
+    }
+}
