@@ -2,7 +2,7 @@
 //! built from the project's own dependencies:
 //!
 //!   query_load BASE_URL IDS_FILE RATE SECONDS [CONNECTIONS | --connections N]
-//!              [--leaderboard] [--label TEXT]
+//!              [--leaderboard] [--label TEXT] [--timeline]
 //!
 //! - BASE_URL: `http://host:port` of `jurystream run`'s `[metrics] listen`.
 //! - IDS_FILE: inference ids, one per line (blank lines skipped); each
@@ -14,6 +14,8 @@
 //!   requests in flight are finished, then the results are printed).
 //! - CONNECTIONS: keep-alive HTTP/1.1 connections (default 32), one task
 //!   each; a connection the server closes is reopened.
+//! - `--timeline`: also print, per second of the schedule, the requests
+//!   completed, how many took over 5 ms, and the slowest (ms).
 //!
 //! Open loop: connection task `i` of `C` sends its requests on a fixed
 //! schedule, one every `C / RATE` seconds, the tasks' schedules staggered
@@ -59,11 +61,12 @@ struct Args {
     connections: usize,
     leaderboard: bool,
     label: Option<String>,
+    timeline: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: query_load BASE_URL IDS_FILE RATE SECONDS [CONNECTIONS] [--leaderboard] [--label TEXT]"
+        "usage: query_load BASE_URL IDS_FILE RATE SECONDS [CONNECTIONS] [--leaderboard] [--label TEXT] [--timeline]"
     );
     std::process::exit(2)
 }
@@ -73,11 +76,13 @@ fn parse_args() -> Args {
     let mut leaderboard = false;
     let mut label = None;
     let mut connections = None;
+    let mut timeline = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--bench" => {}
             "--leaderboard" => leaderboard = true,
+            "--timeline" => timeline = true,
             "--label" => label = Some(it.next().unwrap_or_else(|| usage())),
             "--connections" => connections = Some(it.next().unwrap_or_else(|| usage())),
             _ if a.starts_with("--") => usage(),
@@ -110,6 +115,7 @@ fn parse_args() -> Args {
             .map_or(32, |c| c.parse().unwrap_or_else(|_| usage())),
         leaderboard,
         label,
+        timeline,
     };
     if !(a.rate > 0.0 && a.seconds > 0.0 && a.connections > 0) {
         usage();
@@ -147,6 +153,8 @@ struct Tally {
     /// before they were written (the keep-alive race; not an error).
     resent: u64,
     last_done: Option<Instant>,
+    /// Per second of the schedule: completed, over 5 ms, slowest (µs).
+    timeline: Vec<[u32; 3]>,
 }
 
 impl Tally {
@@ -170,6 +178,14 @@ impl Tally {
         self.reconnects += o.reconnects;
         self.resent += o.resent;
         self.last_done = self.last_done.max(o.last_done);
+        if self.timeline.len() < o.timeline.len() {
+            self.timeline.resize(o.timeline.len(), [0; 3]);
+        }
+        for (a, b) in self.timeline.iter_mut().zip(o.timeline) {
+            a[0] += b[0];
+            a[1] += b[1];
+            a[2] = a[2].max(b[2]);
+        }
     }
 }
 
@@ -253,6 +269,7 @@ async fn connection_task(
     authority: Arc<str>,
     paths: Arc<Vec<String>>,
     first: usize,
+    t0: Instant,
     start: Instant,
     interval: Duration,
     end: Instant,
@@ -303,7 +320,16 @@ async fn connection_task(
         match r {
             Ok(status) => {
                 let us = |d: Duration| d.as_micros().min(u32::MAX as u128) as u32;
-                t.latency_us.push(us(done - scheduled));
+                let lat = us(done - scheduled);
+                t.latency_us.push(lat);
+                let sec = (scheduled - t0).as_secs() as usize;
+                if t.timeline.len() <= sec {
+                    t.timeline.resize(sec + 1, [0; 3]);
+                }
+                let row = &mut t.timeline[sec];
+                row[0] += 1;
+                row[1] += u32::from(lat > 5000);
+                row[2] = row[2].max(lat);
                 t.service_us.push(us(done - sent));
                 match status {
                     200 => t.ok += 1,
@@ -387,6 +413,7 @@ fn main() {
                 authority.clone(),
                 paths.clone(),
                 i * paths.len() / c,
+                start,
                 start + interval.mul_f64(i as f64 / c as f64),
                 interval,
                 end,
@@ -408,7 +435,7 @@ fn main() {
     let completed = lat.len() as u64;
     let secs = elapsed.as_secs_f64();
     let r2 = |x: Option<f64>| x.map(|v| (v * 1000.0).round() / 1000.0);
-    let out = serde_json::json!({
+    let mut out = serde_json::json!({
         "label": a.label,
         "path": if a.leaderboard { "/v1/leaderboard" } else { "/v1/inferences/{id}" },
         "connections": c,
@@ -438,5 +465,13 @@ fn main() {
         "service_p999_ms": r2(pct(&svc, 0.999)),
         "generator_cpu_s": (cpu * 100.0).round() / 100.0,
     });
+    if a.timeline {
+        out["timeline"] = tally
+            .timeline
+            .iter()
+            .enumerate()
+            .map(|(s, r)| serde_json::json!([s, r[0], r[1], r[2] as f64 / 1000.0]))
+            .collect();
+    }
     println!("{out}");
 }
