@@ -53,9 +53,14 @@ delivery = "$DELIVERY"
 [state]
 dir = "$WORK/state-$RUN"
 TOML
-# Topics first (the service creates them), then preload the votes.
-timeout 20 "$BIN" run --config "$WORK/kafka.toml" > /dev/null 2>&1 || true
-rm -rf "$WORK/state-$RUN"
+# Topics first (the service creates them), then preload the votes. The
+# topic-creating start uses a group of its own: with the measured group its
+# idle flush would move that group's watermark to the wall clock, and the
+# measured run (restoring it) would reject every vote of the file as late.
+sed -e "s/^group_id = .*/group_id = \"$RUN-setup\"/" \
+    -e "s|^dir = .*|dir = \"$WORK/state-$RUN-setup\"|" "$WORK/kafka.toml" > "$WORK/kafka-setup.toml"
+timeout 20 "$BIN" run --config "$WORK/kafka-setup.toml" > /dev/null 2>&1 || true
+rm -rf "$WORK/state-$RUN-setup" "$WORK/state-$RUN"
 "$BIN" produce --input "$INPUT" --topic "$RUN-votes" --brokers "$BROKERS"
 TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
 
