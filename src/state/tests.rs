@@ -307,3 +307,44 @@ fn prefix_filters_find_every_inference_in_memtables_and_files() {
         );
     }
 }
+
+/// A directory written before the prefix extractor (files without prefix
+/// filters) still answers every inference after an upgrade.
+#[test]
+fn files_written_without_the_prefix_extractor_are_still_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = SeriesKey {
+        inference_id: "old-1".into(),
+        voter_prompt_id: "r".into(),
+    };
+    {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        let db = DB::open(&opts, dir.path()).unwrap();
+        db.put(
+            series_key_bytes(&k),
+            postcard::to_allocvec(&SeriesStateV1Fixture::default()).unwrap(),
+        )
+        .unwrap();
+        db.put([voter_prefix(&k), b"rev".to_vec()].concat(), b"")
+            .unwrap();
+        db.flush().unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.series_of("old-1").unwrap().len(), 1);
+    assert_eq!(
+        store.voters_of("old-1", 5).unwrap()["r"].0,
+        vec!["rev".to_owned()]
+    );
+    assert!(store.series_of("old-2").unwrap().is_empty());
+}
+
+#[derive(serde::Serialize, Default)]
+struct SeriesStateV1Fixture {
+    model_id: Option<Box<str>>,
+    score: f64,
+    last_vote_at: Option<i128>,
+    update_seq: u64,
+    abstentions: u64,
+    votes: u64,
+}
