@@ -207,19 +207,32 @@ async fn gather<T: DeserializeOwned + Send + 'static>(
     (answers, errors)
 }
 
-async fn fetch<T: DeserializeOwned>(api: &Api, url: &str) -> Result<LocalAnswer<T>, String> {
+/// `GET url` with the bearer token if any: the status and the body (at
+/// most [`MAX_PEER_ANSWER`] bytes). Peers and the `query` client use it.
+async fn http_get(
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    url: &str,
+    token: Option<&str>,
+) -> Result<(StatusCode, Bytes), String> {
     let mut req = hyper::Request::get(url);
-    if let Some(t) = &api.token {
+    if let Some(t) = token.filter(|t| !t.is_empty()) {
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
-    let req = req.body(Empty::new()).map_err(|e| e.to_string())?;
-    let resp = api.client.request(req).await.map_err(|e| e.to_string())?;
+    let req = req
+        .body(Empty::new())
+        .map_err(|e| format!("bad URL: {e}"))?;
+    let resp = client.request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status();
     let body = Limited::new(resp.into_body(), MAX_PEER_ANSWER)
         .collect()
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
+    Ok((status, body))
+}
+
+async fn fetch<T: DeserializeOwned>(api: &Api, url: &str) -> Result<LocalAnswer<T>, String> {
+    let (status, body) = http_get(&api.client, url, api.token.as_deref()).await?;
     if !status.is_success() {
         return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
     }
@@ -285,23 +298,11 @@ pub fn query(url: &str, path: &str, token: Option<&str>) -> anyhow::Result<Strin
         let client: Client<HttpConnector, Empty<Bytes>> =
             Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let full = format!("{}{path}", url.trim_end_matches('/'));
-        let mut req = hyper::Request::get(full.as_str());
-        if let Some(t) = token.filter(|t| !t.is_empty()) {
-            req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-        }
-        let req = req
-            .body(Empty::new())
-            .map_err(|e| anyhow::anyhow!("bad URL {full}: {e}"))?;
-        let resp = tokio::time::timeout(Duration::from_secs(30), client.request(req))
-            .await
-            .map_err(|_| anyhow::anyhow!("{full}: no answer within 30 s"))?
-            .map_err(|e| anyhow::anyhow!("{full}: {e}"))?;
-        let status = resp.status();
-        let body = Limited::new(resp.into_body(), MAX_PEER_ANSWER)
-            .collect()
-            .await
-            .map_err(|e| anyhow::anyhow!("{full}: {e}"))?
-            .to_bytes();
+        let (status, body) =
+            tokio::time::timeout(Duration::from_secs(30), http_get(&client, &full, token))
+                .await
+                .map_err(|_| anyhow::anyhow!("{full}: no answer within 30 s"))?
+                .map_err(|e| anyhow::anyhow!("{full}: {e}"))?;
         let pretty = match serde_json::from_slice::<serde_json::Value>(&body) {
             Ok(v) => serde_json::to_string_pretty(&v)?,
             Err(_) => String::from_utf8_lossy(&body).into_owned(),

@@ -138,15 +138,12 @@ impl From<SeriesStateV1> for SeriesState {
     }
 }
 
-/// [`SeriesState`] as format 4 stored it (before `last_mean_vote`).
+/// [`SeriesState`] as format 4 stored it (before `last_mean_vote`): the
+/// format-3 fields, then two more (postcard lays a nested struct out
+/// inline, field after field).
 #[derive(Debug, Clone, Deserialize)]
 pub struct SeriesStateV4 {
-    pub model_id: Option<Box<str>>,
-    pub score: f64,
-    pub last_vote_at: Option<Nanos>,
-    pub update_seq: u64,
-    pub abstentions: u64,
-    pub votes: u64,
+    pub v1: SeriesStateV1,
     pub ambiguous: bool,
     pub pending: u64,
 }
@@ -154,15 +151,9 @@ pub struct SeriesStateV4 {
 impl From<SeriesStateV4> for SeriesState {
     fn from(v: SeriesStateV4) -> SeriesState {
         SeriesState {
-            model_id: v.model_id,
-            score: v.score,
-            last_vote_at: v.last_vote_at,
-            update_seq: v.update_seq,
-            abstentions: v.abstentions,
-            votes: v.votes,
             ambiguous: v.ambiguous,
             pending: v.pending,
-            last_mean_vote: None,
+            ..v.v1.into()
         }
     }
 }

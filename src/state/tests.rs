@@ -146,21 +146,12 @@ fn load_reads_open_batches_and_their_series_only() {
 #[test]
 fn series_records_of_earlier_layouts_decode() {
     #[derive(serde::Serialize)]
-    struct V1 {
-        model_id: Option<Box<str>>,
-        score: f64,
-        last_vote_at: Option<i128>,
-        update_seq: u64,
-        abstentions: u64,
-        votes: u64,
-    }
-    #[derive(serde::Serialize)]
     struct V4 {
-        v1: V1,
+        v1: SeriesStateV1Fixture,
         ambiguous: bool,
         pending: u64,
     }
-    let v1 = V1 {
+    let v1 = SeriesStateV1Fixture {
         model_id: Some("m".into()),
         score: 0.25,
         last_vote_at: Some(7),
@@ -339,6 +330,7 @@ fn files_written_without_the_prefix_extractor_are_still_found() {
     assert!(store.series_of("old-2").unwrap().is_empty());
 }
 
+/// A series record as format 3 and before wrote it.
 #[derive(serde::Serialize, Default)]
 struct SeriesStateV1Fixture {
     model_id: Option<Box<str>>,
