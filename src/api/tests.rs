@@ -147,7 +147,6 @@ mod served {
     use super::super::*;
     use crate::engine::Engine;
     use crate::input::Vote;
-    use crate::state::encode_changes_into;
     use crate::telemetry::{serve, Metrics};
     use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpStream};
@@ -187,7 +186,7 @@ mod served {
             e.close_all(&mut out);
         }
         let mut records = Vec::new();
-        encode_changes_into(&mut e, &mut records);
+        store.encode_changes(&mut e, &mut records).unwrap();
         store.apply(&records, &[]).unwrap();
         Arc::new(store)
     }

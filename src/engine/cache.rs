@@ -7,6 +7,7 @@
 //! until the cache is at three quarters of its budget, so that a full cache
 //! is not scanned again after every cycle.
 
+use super::agreement::reviewer_bytes;
 use super::{vote_identity, Engine, SeriesKey, SeriesState};
 use crate::input::Vote;
 use crate::time::Nanos;
@@ -47,12 +48,12 @@ pub(super) struct IdentityEntry {
 /// so tables keep their capacity after an eviction instead of shrinking
 /// and growing again (each a rehash of every entry, with both tables
 /// alive meanwhile).
-const fn slot(bytes: usize) -> usize {
+pub(super) const fn slot(bytes: usize) -> usize {
     (bytes + 1) * 16 / 7
 }
 
 /// A heap block: the allocator's header and rounding to 16 bytes.
-const fn block(bytes: usize) -> usize {
+pub(super) const fn block(bytes: usize) -> usize {
     8 + bytes.div_ceil(16) * 16
 }
 
@@ -188,6 +189,7 @@ impl Engine {
             + self.deleted_batches.len()
             + self.dirty_dedupe.len()
             + self.dirty_voters.len()
+            + self.dirty_reviewers.len()
     }
 
     /// Drops the pending-change entries of batches opened and closed since
@@ -224,6 +226,11 @@ impl Engine {
                 candidates.push((e.used, IDENTITY_BYTES));
             }
         }
+        for ((_, voter), e) in &self.reviewers {
+            if e.delta.is_zero() {
+                candidates.push((e.used, reviewer_bytes(voter)));
+            }
+        }
         let Some(cut) = cutoff(&candidates, need) else {
             return;
         };
@@ -238,6 +245,13 @@ impl Engine {
         let before = self.dedupe.len();
         self.dedupe.retain(|_, e| e.dirty || e.used > cut);
         freed += (before - self.dedupe.len()) * IDENTITY_BYTES;
+        self.reviewers.retain(|(_, voter), e| {
+            let keep = !e.delta.is_zero() || e.used > cut;
+            if !keep {
+                freed += reviewer_bytes(voter);
+            }
+            keep
+        });
         if freed > 0 {
             self.complete = false;
         }
@@ -248,6 +262,7 @@ impl Engine {
         // costs a rehash of every entry, with both tables alive meanwhile.
         shrink(&mut self.series);
         shrink(&mut self.dedupe);
+        shrink(&mut self.reviewers);
         if self.series.is_empty() && self.dedupe.is_empty() {
             self.cache_bytes = 0;
         }

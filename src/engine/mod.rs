@@ -5,6 +5,7 @@
 //! Kafka or tokio. The shells (`replay`, `service`) feed votes in, take the
 //! events out, and persist what [`Engine::drain_changes`] reports.
 
+pub mod agreement;
 pub mod board;
 mod cache;
 mod identity;
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::input::{Reason, Rejection, Vote};
 use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
+use agreement::{ReviewerKey, ReviewerStats, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
 use cache::{IdentityEntry, SeriesEntry};
 use score::{Aggregator, TimeUnit};
@@ -259,6 +261,11 @@ pub enum Change<'a> {
     Voter(&'a SeriesKey, &'a str),
     /// A leaderboard row (`None`: no scored series left in it).
     Board(&'a BoardKey, Option<&'a BoardRow>),
+    /// A rubric's agreement sums (`query_index` only).
+    Agreement(&'a str, &'a RubricSums),
+    /// A reviewer's agreement numbers for a rubric, whole (`query_index`
+    /// only).
+    Reviewer(&'a ReviewerKey, &'a ReviewerStats),
 }
 
 /// Summary counters, for metrics and progress.
@@ -303,6 +310,13 @@ pub struct Engine {
     /// Voters to record since the last drain (`query_index` only; counted
     /// in `cache_bytes` so that a replay writes them out when it fills).
     dirty_voters: Vec<(SeriesKey, Arc<str>)>,
+    /// Agreement sums per rubric (`query_index` only; as many as rubrics).
+    agreement: FxHashMap<Arc<str>, RubricSums>,
+    dirty_agreement: Vec<Arc<str>>,
+    /// Reviewers' agreement numbers per rubric: a cache like the series'
+    /// (`query_index` only).
+    reviewers: FxHashMap<ReviewerKey, agreement::ReviewerEntry>,
+    dirty_reviewers: Vec<ReviewerKey>,
     /// Approximate bytes of the cached series and identities.
     cache_bytes: usize,
     /// Use counter for least-recently-used eviction.
@@ -332,6 +346,10 @@ impl Engine {
             board: FxHashMap::default(),
             dirty_board: Vec::new(),
             dirty_voters: Vec::new(),
+            agreement: FxHashMap::default(),
+            dirty_agreement: Vec::new(),
+            reviewers: FxHashMap::default(),
+            dirty_reviewers: Vec::new(),
             cache_bytes: 0,
             tick: 0,
             complete: true,
@@ -611,6 +629,9 @@ impl Engine {
         // Timestamp, then arrival order (the sort is stable).
         counted.sort_by_key(|e| e.timestamp);
         self.counters.abstentions += u64::from(abstentions);
+        if self.cfg.query_index {
+            self.note_unit(&key.series.voter_prompt_id, &counted);
+        }
         let cfg = &self.cfg;
         // An open batch pins its series in the cache, so it is here.
         let Some(entry) = self.series.get_mut(&key.series) else {
@@ -751,6 +772,7 @@ impl Engine {
                 sink(Change::Board(&k, row.as_ref()));
             }
         }
+        self.drain_agreement(&mut sink);
         if std::mem::take(&mut self.meta_dirty) {
             sink(Change::Meta(&self.meta));
         }

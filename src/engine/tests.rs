@@ -253,6 +253,8 @@ struct Model {
     dedupe: HashMap<u128, Nanos>,
     voters: std::collections::BTreeSet<(SeriesKey, String)>,
     board: HashMap<BoardKey, BoardRow>,
+    agreement: BTreeMap<String, agreement::RubricSums>,
+    reviewers: BTreeMap<(String, String), agreement::ReviewerStats>,
 }
 
 impl Model {
@@ -284,6 +286,10 @@ impl Model {
     }
 
     fn persist(&mut self, e: &mut Engine) {
+        for k in e.reviewers_unknown() {
+            let stored = self.reviewers.get(&(k.0.to_string(), k.1.to_string()));
+            e.provide_reviewer(&k, stored.copied());
+        }
         e.drain_changes(|c| match c {
             Change::Series(k, s) => {
                 self.series.insert(k.clone(), s.clone());
@@ -307,6 +313,12 @@ impl Model {
             Change::Board(k, None) => {
                 self.board.remove(k);
             }
+            Change::Agreement(k, a) => {
+                self.agreement.insert(k.to_owned(), *a);
+            }
+            Change::Reviewer((r, v), st) => {
+                self.reviewers.insert((r.to_string(), v.to_string()), *st);
+            }
         });
     }
 
@@ -318,6 +330,11 @@ impl Model {
             .collect();
         let mut e = Engine::restore(cfg(), self.meta, series, self.batches.clone(), false);
         e.restore_board(self.board.clone());
+        e.restore_agreement(
+            self.agreement
+                .iter()
+                .map(|(k, a)| (Arc::from(k.as_str()), *a)),
+        );
         e
     }
 
@@ -384,6 +401,9 @@ fn an_empty_cache_gives_the_same_answers_as_a_full_one() {
         // A series scored without a model gets one: its row moves.
         with_model(vote("k", "c", Some(0.2), "2024-01-01T00:05:21Z"), "m1"),
         with_model(vote("i", "d", Some(0.3), "2024-01-01T00:05:22Z"), "m1"),
+        // Reviewer "a" in units after evictions: read back, added to.
+        with_model(vote("k", "a", Some(0.4), "2024-01-01T00:05:25Z"), "m1"),
+        with_model(vote("i", "a", Some(0.6), "2024-01-01T00:05:30Z"), "m1"),
     ];
     let mut full = Engine::new(cfg());
     let (mut want, want_o) = run(&mut full, &votes);
@@ -415,6 +435,11 @@ fn an_empty_cache_gives_the_same_answers_as_a_full_one() {
     whole.persist(&mut full);
     assert_eq!(m.board, whole.board);
     assert_eq!(m.voters, whole.voters);
+    assert_eq!(m.agreement, whole.agreement);
+    assert_eq!(m.reviewers, whole.reviewers);
+    // Units: k's first window (a, b), k's and i's last (c, a; d, a).
+    assert_eq!(m.agreement["r"].units, 3, "{:?}", m.agreement);
+    assert_eq!(m.reviewers[&("r".to_owned(), "a".to_owned())].rated, 3);
     let rows: Vec<_> = m
         .board
         .iter()

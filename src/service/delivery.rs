@@ -195,7 +195,8 @@ impl Session {
         let mut sealed = Vec::new();
         for (tp, part) in self.parts.iter_mut() {
             let mark = part.pending.len();
-            crate::state::encode_changes_into(&mut part.engine, &mut part.pending);
+            part.store
+                .encode_changes(&mut part.engine, &mut part.pending)?;
             if !part.dirty && part.pending.is_empty() {
                 continue;
             }

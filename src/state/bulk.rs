@@ -50,6 +50,7 @@ impl Store {
         let mut wb = WriteBatch::default();
         let mut err = None;
         let mut records = Vec::with_capacity(2);
+        self.provide_reviewers(engine)?;
         engine.drain_changes(|c| {
             if err.is_some() {
                 return;

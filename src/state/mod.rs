@@ -1,6 +1,6 @@
 //! Partition state in RocksDB: one database per input partition.
 //!
-//! The engine reports its changes; [`encode_changes_into`] turns them into
+//! The engine reports its changes; [`Store::encode_changes`] turns them into
 //! key/value records (the same records the service writes to its changelog
 //! topic), and [`Store::apply`] writes a set of records and the source
 //! position they reflect in one atomic `WriteBatch`.
@@ -33,6 +33,7 @@ use rocksdb::{
 };
 use thiserror::Error;
 
+use crate::engine::agreement::{ReviewerStats, RubricSums};
 use crate::engine::board::{BoardKey, BoardRow};
 use crate::engine::{
     Batch, BatchKey, Change, Engine, EngineConfig, Meta, SeriesKey, SeriesState, SeriesStateV1,
@@ -212,13 +213,25 @@ fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
             key.extend_from_slice(&enc(k));
             (key, row.map(enc))
         }
+        Change::Agreement(rubric, sums) => {
+            ([&b"g"[..], rubric.as_bytes()].concat(), Some(enc(sums)))
+        }
+        Change::Reviewer((rubric, voter), stats) => {
+            let mut key = reviewer_prefix(rubric);
+            key.extend_from_slice(voter.as_bytes());
+            (key, Some(enc(stats)))
+        }
     };
     out.push(record);
 }
 
-/// Turns the engine's pending changes into records, appended to `out`.
-pub fn encode_changes_into(engine: &mut Engine, out: &mut Vec<Record>) {
-    engine.drain_changes(|c| encode_change(c, out));
+/// `r` key prefix of a rubric's reviewers.
+fn reviewer_prefix(rubric: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(5 + rubric.len() + 16);
+    out.push(b'r');
+    out.extend_from_slice(&(rubric.len() as u32).to_be_bytes());
+    out.extend_from_slice(rubric.as_bytes());
+    out
 }
 
 /// Position name marking a bulk write in progress (see [`Store::begin_bulk`]).
@@ -226,9 +239,11 @@ const INCOMPLETE: &str = "incomplete_write";
 
 /// Position name of the key layout version; 2 added the `t` index, 3 keeps
 /// only current entries in it, 4 added the leaderboard (`l`), the voters
-/// (`v`) and the series' `ambiguous` and `pending`.
+/// (`v`) and the series' `ambiguous` and `pending`, 5 the agreement sums
+/// (`g`) and reviewers (`r`), which start empty in an older directory (its
+/// votes are gone).
 const FORMAT: &str = "format";
-const FORMAT_VERSION: i64 = 4;
+const FORMAT_VERSION: i64 = 5;
 
 /// Most identities one [`Store::sweep`] call forgets (bounds a cycle's work).
 pub const SWEEP_LIMIT: usize = 10_000;
@@ -410,6 +425,10 @@ impl Store {
         if format >= FORMAT_VERSION {
             return Ok(());
         }
+        if format == 4 {
+            // Only the agreement rows are new; they start empty.
+            return self.apply(&[], &[(FORMAT, FORMAT_VERSION)]);
+        }
         if format >= 3 {
             // Only the leaderboard is new: built from the series, once.
             let mut wb = WriteBatch::default();
@@ -473,6 +492,83 @@ impl Store {
             let key = postcard::from_bytes(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
             let row = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
             out.push((key, row));
+        }
+        Ok(out)
+    }
+
+    /// Turns the engine's pending changes into records, appended to `out`,
+    /// after reading the stored numbers of the reviewers they change (a
+    /// reviewer record is a whole value, see [`Engine::reviewers_unknown`]).
+    pub fn encode_changes(
+        &self,
+        engine: &mut Engine,
+        out: &mut Vec<Record>,
+    ) -> Result<(), StoreError> {
+        self.provide_reviewers(engine)?;
+        engine.drain_changes(|c| encode_change(c, out));
+        Ok(())
+    }
+
+    /// Reads the reviewers the engine changed but has not seen stored.
+    pub(crate) fn provide_reviewers(&self, engine: &mut Engine) -> Result<(), StoreError> {
+        let wanted = engine.reviewers_unknown();
+        if wanted.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<Vec<u8>> = wanted
+            .iter()
+            .map(|(rubric, voter)| [reviewer_prefix(rubric), voter.as_bytes().to_vec()].concat())
+            .collect();
+        self.multi_get(&keys, |i, v| {
+            let stats = v
+                .map(|v| postcard::from_bytes(v).map_err(|e| self.corrupt(&keys[i], e)))
+                .transpose()?;
+            engine.provide_reviewer(&wanted[i], stats);
+            Ok(())
+        })
+    }
+
+    /// The partition's agreement sums per rubric, in rubric byte order.
+    pub fn agreement(&self) -> Result<Vec<(String, RubricSums)>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.prefix(b"g") {
+            let (k, v) = item?;
+            let rubric = std::str::from_utf8(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            let sums = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            out.push((rubric.to_owned(), sums));
+        }
+        Ok(out)
+    }
+
+    /// One reviewer's numbers per rubric (the rubrics are the partition's
+    /// agreement rows: one point lookup each).
+    pub fn reviewer(&self, voter_id: &str) -> Result<Vec<(String, ReviewerStats)>, StoreError> {
+        let rubrics: Vec<String> = self.agreement()?.into_iter().map(|(r, _)| r).collect();
+        let keys: Vec<Vec<u8>> = rubrics
+            .iter()
+            .map(|r| [reviewer_prefix(r), voter_id.as_bytes().to_vec()].concat())
+            .collect();
+        let mut out = Vec::new();
+        self.multi_get(&keys, |i, v| {
+            if let Some(v) = v {
+                let stats = postcard::from_bytes(v).map_err(|e| self.corrupt(&keys[i], e))?;
+                out.push((rubrics[i].clone(), stats));
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Every reviewer of one rubric (one prefix scan), in voter id byte
+    /// order.
+    pub fn reviewers_of(&self, rubric: &str) -> Result<Vec<(String, ReviewerStats)>, StoreError> {
+        let prefix = reviewer_prefix(rubric);
+        let mut out = Vec::new();
+        for item in self.prefix(&prefix) {
+            let (k, v) = item?;
+            let voter = std::str::from_utf8(&k[prefix.len()..]).map_err(|e| self.corrupt(&k, e))?;
+            let stats = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            out.push((voter.to_owned(), stats));
         }
         Ok(out)
     }
@@ -698,13 +794,18 @@ impl Store {
             series: series.len() as u64,
             batches: batches.len() as u64,
         };
-        let board = if cfg.query_index {
-            self.board()?
+        let (board, agreement) = if cfg.query_index {
+            (self.board()?, self.agreement()?)
         } else {
-            Vec::new()
+            Default::default()
         };
         let mut engine = Engine::restore(cfg, meta, series, batches, empty);
         engine.restore_board(board);
+        engine.restore_agreement(
+            agreement
+                .into_iter()
+                .map(|(k, s)| (std::sync::Arc::from(k), s)),
+        );
         Ok((engine, stats))
     }
 
