@@ -5,6 +5,7 @@
 //! [`engine`] (pure) batches and scores it, [`state`] remembers it, [`output`]
 //! encodes the events. [`replay`] and [`service`] are the two shells.
 
+pub mod agreement;
 pub mod api;
 pub mod backtest;
 pub mod config;

@@ -171,6 +171,30 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         report: Option<PathBuf>,
     },
+    /// Do the reviewers agree? Krippendorff's α per rubric and each
+    /// reviewer's deviation from the others, for a vote log (SPEC §11).
+    ///
+    /// Replays the file with the engine of `replay` (every batch closed at
+    /// the end). A unit is a scored batch with at least two counted votes
+    /// (abstentions and superseded votes are not counted; reputation does
+    /// not enter). alpha (interval metric): 1 = the reviewers agree, 0 = no
+    /// better than chance, below 0 = systematic disagreement; null with
+    /// fewer than two pairable votes or when every vote is the same.
+    /// mean_sq_deviation: the mean, over a reviewer's votes in units, of
+    /// (vote − mean of the unit's other votes)². Bad lines are skipped. A
+    /// running service answers the same on GET /v1/rubrics and
+    /// /v1/voters/{id}. Exit status 2 names a bad flag.
+    Agreement {
+        /// Configuration file (TOML), as for replay.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Votes, one JSON object per line.
+        #[arg(long, value_name = "VOTES.jsonl")]
+        input: PathBuf,
+        /// Output: tables for a terminal (table) or one JSON object (json).
+        #[arg(long, value_name = "FORMAT", default_value = "table")]
+        format: String,
+    },
     /// Ask a running service's query API and print the answer as pretty JSON.
     ///
     /// Any instance of the group answers for every partition (it asks the
@@ -419,6 +443,41 @@ fn main() -> ExitCode {
                 }
                 r => r,
             }
+        }
+        Command::Agreement {
+            config,
+            input,
+            format,
+        } => {
+            let json = match format.as_str() {
+                "json" => true,
+                "table" => false,
+                other => {
+                    eprintln!("jurystream: --format: {other:?} is not table or json");
+                    return ExitCode::from(2);
+                }
+            };
+            let cfg = match load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            jurystream::agreement::tally_file(&cfg, &input).map(|(tally, summary)| {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::to_string(&tally.report()).unwrap_or_default()
+                    );
+                } else {
+                    print!("{}", jurystream::agreement::table(&tally));
+                }
+                eprintln!(
+                    "jurystream: agreement: {} lines, {} rejected, {} rubrics, {} reviewer rows",
+                    summary.lines,
+                    summary.rejected,
+                    tally.rubrics.len(),
+                    tally.reviewers.len()
+                );
+            })
         }
         Command::Consume {
             topics,

@@ -105,37 +105,47 @@ impl ReviewerStats {
     }
 }
 
-/// A unit's contribution to its rubric's sums, from its counted values;
-/// `None` when it has fewer than two (not a unit).
-pub fn unit_sums(values: &[f64]) -> Option<RubricSums> {
+/// A unit's contribution to its rubric's sums and, in the order of
+/// `values`, what each vote adds to its reviewer; `None` when there are
+/// fewer than two values (not a unit).
+pub fn unit(values: &[f64]) -> Option<(RubricSums, Vec<ReviewerStats>)> {
     let m = values.len();
     if m < 2 {
         return None;
     }
-    let mean = values.iter().sum::<f64>() / m as f64;
+    let total: f64 = values.iter().sum();
+    let mean = total / m as f64;
     // m·Σv² − (Σv)² = m·Σ(v − mean)²: the centred form cannot go below 0
     // by rounding, and is exactly 0 when every vote is the same.
     let centred: f64 = values.iter().map(|v| (v - mean) * (v - mean)).sum();
     let within = m as f64 * centred / (m - 1) as f64;
-    Some(RubricSums {
+    let sums = RubricSums {
         units: 1,
         pairable: m as u64,
         sum: values.iter().map(|&v| fixed(v)).sum(),
         square_sum: values.iter().map(|&v| fixed(v * v)).sum(),
         within: fixed(within),
-    })
+    };
+    let deviations = values
+        .iter()
+        .map(|&v| {
+            // The distance to the mean of the unit's other m − 1 votes.
+            let d = v - (total - v) / (m - 1) as f64;
+            ReviewerStats {
+                rated: 1,
+                sq_dev: fixed(d * d),
+            }
+        })
+        .collect();
+    Some((sums, deviations))
 }
 
-/// What one vote of a unit adds to its reviewer: the squared distance of
-/// `v` to the mean of the unit's other `m − 1` counted values (`total` is
-/// the unit's Σv).
-pub fn vote_deviation(v: f64, total: f64, m: usize) -> ReviewerStats {
-    let others = (total - v) / (m - 1) as f64;
-    let d = v - others;
-    ReviewerStats {
-        rated: 1,
-        sq_dev: fixed(d * d),
-    }
+/// The counted values of a closed batch, in its order.
+pub fn values(counted: &[Entry]) -> Vec<f64> {
+    counted
+        .iter()
+        .map(|e| e.value.unwrap_or_default())
+        .collect()
 }
 
 #[cfg(test)]
@@ -176,7 +186,7 @@ mod tests {
     fn sums(units: &[Vec<f64>]) -> RubricSums {
         let mut s = RubricSums::default();
         for u in units {
-            if let Some(c) = unit_sums(u) {
+            if let Some((c, _)) = unit(u) {
                 s.add(&c);
             }
         }
@@ -225,11 +235,11 @@ mod tests {
 
     #[test]
     fn deviation_is_distance_to_the_others_mean() {
-        let u = [0.0, 0.5, 1.0];
-        let total: f64 = u.iter().sum();
-        let d = vote_deviation(0.0, total, 3);
-        assert_eq!(d.rated, 1);
-        assert!((d.mean_sq_deviation().unwrap() - 0.5625).abs() < 1e-15);
+        let (_, d) = unit(&[0.0, 0.5, 1.0]).unwrap();
+        assert_eq!(d[0].rated, 1);
+        // 0 against the mean of 0.5 and 1.0; 0.5 against 0.5.
+        assert!((d[0].mean_sq_deviation().unwrap() - 0.5625).abs() < 1e-15);
+        assert_eq!(d[1].mean_sq_deviation(), Some(0.0));
     }
 }
 
@@ -264,19 +274,13 @@ impl Engine {
         if counted.len() < 2 {
             return;
         }
-        let values: Vec<f64> = counted
-            .iter()
-            .map(|e| e.value.unwrap_or_default())
-            .collect();
-        let Some(sums) = unit_sums(&values) else {
+        let Some((sums, deviations)) = unit(&values(counted)) else {
             return;
         };
-        let total: f64 = values.iter().sum();
         self.agreement.entry(rubric.clone()).or_default().add(&sums);
         self.dirty_agreement.push(rubric.clone());
         let base = self.complete.then(ReviewerStats::default);
-        for (e, &v) in counted.iter().zip(&values) {
-            let dev = vote_deviation(v, total, values.len());
+        for (e, dev) in counted.iter().zip(deviations) {
             let key = (rubric.clone(), e.voter_id.clone());
             match self.reviewers.entry(key) {
                 std::collections::hash_map::Entry::Occupied(mut o) => {

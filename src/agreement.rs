@@ -1,0 +1,216 @@
+//! `jurystream agreement` (SPEC §11): Krippendorff's α per rubric and each
+//! reviewer's deviation for a vote log, with the engine of `replay`.
+//!
+//! The file runs through a fresh engine on a temporary store
+//! (`replay::run_detached`, every batch closed at the end); every score
+//! update with ≥ 2 counted votes is a unit, folded into a [`Tally`] with
+//! the same arithmetic the service keeps in its state
+//! (`engine::agreement::unit`), so the numbers equal `GET /v1/rubrics`.
+
+use std::collections::BTreeMap;
+use std::io::BufReader;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::engine::agreement::{unit, values, ReviewerStats, RubricSums};
+use crate::engine::ScoreUpdate;
+use crate::input::Rejection;
+use crate::replay::{read_chunks, run_detached, Chunk, Progress, Sink};
+
+/// One rubric's row (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RubricRow {
+    pub voter_prompt_id: String,
+    pub units: u64,
+    pub pairable_votes: u64,
+    pub alpha: Option<f64>,
+}
+
+impl RubricRow {
+    pub fn of(voter_prompt_id: &str, s: &RubricSums) -> Self {
+        RubricRow {
+            voter_prompt_id: voter_prompt_id.to_owned(),
+            units: s.units,
+            pairable_votes: s.pairable,
+            alpha: s.alpha(),
+        }
+    }
+}
+
+/// One reviewer's row for one rubric (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VoterRow {
+    pub voter_id: String,
+    pub voter_prompt_id: String,
+    pub rated_votes: u64,
+    pub mean_sq_deviation: Option<f64>,
+}
+
+impl VoterRow {
+    pub fn of(voter_id: &str, voter_prompt_id: &str, s: &ReviewerStats) -> Self {
+        VoterRow {
+            voter_id: voter_id.to_owned(),
+            voter_prompt_id: voter_prompt_id.to_owned(),
+            rated_votes: s.rated,
+            mean_sq_deviation: s.mean_sq_deviation(),
+        }
+    }
+}
+
+/// What `agreement --format json` prints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgreementOut {
+    pub rubrics: Vec<RubricRow>,
+    pub voters: Vec<VoterRow>,
+}
+
+/// The sums of a log's units (pure: fed score updates).
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub rubrics: BTreeMap<String, RubricSums>,
+    /// (voter_id, voter_prompt_id): the output's order.
+    pub reviewers: BTreeMap<(String, String), ReviewerStats>,
+}
+
+impl Tally {
+    /// Adds one score update's batch if it is a unit.
+    pub fn observe(&mut self, u: &ScoreUpdate) {
+        let Some((sums, deviations)) = unit(&values(&u.votes)) else {
+            return;
+        };
+        let rubric = &*u.series.voter_prompt_id;
+        self.rubrics
+            .entry(rubric.to_owned())
+            .or_default()
+            .add(&sums);
+        for (e, d) in u.votes.iter().zip(deviations) {
+            self.reviewers
+                .entry((e.voter_id.to_string(), rubric.to_owned()))
+                .or_default()
+                .add(&d);
+        }
+    }
+
+    /// The rows, rubrics by `voter_prompt_id` and reviewers by (`voter_id`,
+    /// `voter_prompt_id`), byte-wise.
+    pub fn report(&self) -> AgreementOut {
+        AgreementOut {
+            rubrics: self
+                .rubrics
+                .iter()
+                .map(|(r, s)| RubricRow::of(r, s))
+                .collect(),
+            voters: self
+                .reviewers
+                .iter()
+                .map(|((v, r), s)| VoterRow::of(v, r, s))
+                .collect(),
+        }
+    }
+}
+
+impl Sink for Tally {
+    fn updates(&mut self, updates: &mut Vec<ScoreUpdate>) -> std::io::Result<()> {
+        for u in updates.drain(..) {
+            self.observe(&u);
+        }
+        Ok(())
+    }
+
+    fn rejected(&mut self, _: &Rejection, _: &[u8], _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Replays `input` and returns its tally, with progress on stderr.
+pub fn tally_file(cfg: &Config, input: &Path) -> Result<(Tally, crate::replay::ReplaySummary)> {
+    let file = std::fs::File::open(input)
+        .with_context(|| format!("cannot open input {}", input.display()))?;
+    let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let decode = cfg.decode_options();
+    let mut progress = Progress::new("agreement", total_bytes);
+    let mut tally = Tally::default();
+    let summary = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
+        let decode = &decode;
+        scope.spawn(move || read_chunks(BufReader::with_capacity(1 << 20, file), decode, tx));
+        let mut votes = 0u64;
+        let chunks = rx.into_iter().inspect(|c| {
+            if let Ok(c) = c {
+                votes += c.decoded.iter().filter(|d| d.is_ok()).count() as u64;
+                progress.update(c.lines.last().map_or(0, |l| l.2), c.bytes, votes);
+            }
+        });
+        run_detached(cfg, cfg.cache_bytes(), chunks, &mut tally)
+    })?;
+    progress.finish();
+    Ok((tally, summary))
+}
+
+/// Most reviewers per rubric in the table (JSON lists them all).
+const TABLE_REVIEWERS: usize = 20;
+
+/// The report for a terminal: every rubric, then per rubric the reviewers
+/// who deviate most.
+pub fn table(t: &Tally) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let num = |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |v| format!("{v:.4}"));
+    let _ = writeln!(
+        s,
+        "{:<24} {:>8} {:>14} {:>8}",
+        "voter_prompt_id", "units", "pairable_votes", "alpha"
+    );
+    for (r, sums) in &t.rubrics {
+        let _ = writeln!(
+            s,
+            "{:<24} {:>8} {:>14} {:>8}",
+            r,
+            sums.units,
+            sums.pairable,
+            num(sums.alpha())
+        );
+    }
+    for rubric in t.rubrics.keys() {
+        let mut rows: Vec<(&str, &ReviewerStats)> = t
+            .reviewers
+            .iter()
+            .filter(|((_, r), _)| r == rubric)
+            .map(|((v, _), st)| (v.as_str(), st))
+            .collect();
+        rows.sort_by(|a, b| {
+            let d = |x: &ReviewerStats| x.mean_sq_deviation().unwrap_or(0.0);
+            d(b.1).total_cmp(&d(a.1)).then(a.0.cmp(b.0))
+        });
+        let _ = writeln!(
+            s,
+            "\nreviewers of {rubric} by mean squared deviation ({} in all):",
+            rows.len()
+        );
+        let _ = writeln!(
+            s,
+            "{:<24} {:>11} {:>17}",
+            "voter_id", "rated_votes", "mean_sq_deviation"
+        );
+        for (v, st) in rows.iter().take(TABLE_REVIEWERS) {
+            let _ = writeln!(
+                s,
+                "{:<24} {:>11} {:>17}",
+                v,
+                st.rated,
+                num(st.mean_sq_deviation())
+            );
+        }
+        if rows.len() > TABLE_REVIEWERS {
+            let _ = writeln!(
+                s,
+                "… {} more (--format json lists every reviewer)",
+                rows.len() - TABLE_REVIEWERS
+            );
+        }
+    }
+    s
+}
