@@ -201,7 +201,7 @@ enum Command {
     /// instances in api.peers). Exit status 1 on an error answer (404 unknown
     /// inference, 503 while a partition restores, 401 wrong token), whose
     /// JSON goes to stderr.
-    #[command(group(clap::ArgGroup::new("what").required(true).args(["inference", "leaderboard"])))]
+    #[command(group(clap::ArgGroup::new("what").required(true).args(["inference", "leaderboard", "rubrics", "voter", "voters"])))]
     Query {
         /// Base URL of an instance (its metrics.listen), e.g. http://127.0.0.1:9464.
         #[arg(long, value_name = "URL")]
@@ -212,8 +212,18 @@ enum Command {
         /// Print the model leaderboard (GET /v1/leaderboard).
         #[arg(long)]
         leaderboard: bool,
-        /// With --leaderboard: only this rubric.
-        #[arg(long, value_name = "R", requires = "leaderboard")]
+        /// Print reviewer agreement per rubric: Krippendorff's α (GET /v1/rubrics).
+        #[arg(long)]
+        rubrics: bool,
+        /// Print one reviewer's agreement numbers per rubric (GET /v1/voters/{id}).
+        #[arg(long, value_name = "ID")]
+        voter: Option<String>,
+        /// Print the reviewers of --voter-prompt-id who deviate most from the
+        /// others (GET /v1/voters?voter_prompt_id=R&order=deviation&limit=N).
+        #[arg(long, value_name = "N", requires = "voter_prompt_id")]
+        voters: Option<usize>,
+        /// With --leaderboard: only this rubric; with --voters: the rubric.
+        #[arg(long, value_name = "R")]
         voter_prompt_id: Option<String>,
         /// Bearer token (the service's api.token).
         #[arg(long, env = "JURYSTREAM_API__TOKEN", hide_env_values = true)]
@@ -499,16 +509,23 @@ fn main() -> ExitCode {
             url,
             inference,
             leaderboard: _,
+            rubrics,
+            voter,
+            voters,
             voter_prompt_id,
             token,
         } => {
             use jurystream::api::percent_encode;
-            let path = match (inference, voter_prompt_id) {
-                (Some(id), _) => format!("/v1/inferences/{}", percent_encode(&id)),
-                (None, Some(r)) => {
-                    format!("/v1/leaderboard?voter_prompt_id={}", percent_encode(&r))
+            let rubric = voter_prompt_id.map(|r| percent_encode(&r));
+            let path = match (inference, voter, voters, rubric) {
+                (Some(id), ..) => format!("/v1/inferences/{}", percent_encode(&id)),
+                (_, Some(id), ..) => format!("/v1/voters/{}", percent_encode(&id)),
+                (_, _, Some(n), Some(r)) => {
+                    format!("/v1/voters?voter_prompt_id={r}&order=deviation&limit={n}")
                 }
-                (None, None) => "/v1/leaderboard".to_owned(),
+                _ if rubrics => "/v1/rubrics".to_owned(),
+                (.., Some(r)) => format!("/v1/leaderboard?voter_prompt_id={r}"),
+                _ => "/v1/leaderboard".to_owned(),
             };
             jurystream::api::http::query(&url, &path, token.as_deref())
                 .map(|text| println!("{text}"))

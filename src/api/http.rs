@@ -4,7 +4,10 @@
 //! - `GET /v1/inferences/{id}` and `GET /v1/leaderboard[?voter_prompt_id=R]`
 //!   answer for the whole group: this instance's partitions plus what the
 //!   peers (`api.peers`) hold;
-//! - `GET /v1/local/inferences/{id}` and `GET /v1/local/leaderboard` answer
+//! - `GET /v1/rubrics`, `GET /v1/voters/{voter_id}` and
+//!   `GET /v1/voters?voter_prompt_id=R[&order=deviation|voter_id][&limit=N]`
+//!   (SPEC §11) the same way;
+//! - `GET /v1/local/…` (inferences, leaderboard, rubrics, voters) answer
 //!   for this instance's partitions only, per partition: what peers ask
 //!   each other.
 //!
@@ -28,7 +31,10 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{merge_board, merge_inference, percent_decode, percent_encode, Holdings, LocalAnswer};
+use super::{
+    merge_board, merge_inference, merge_rubrics, merge_voters, percent_decode, percent_encode,
+    Holdings, LocalAnswer, VoterOrder,
+};
 
 /// Longest id (SPEC §1).
 const MAX_ID_BYTES: usize = 256;
@@ -80,6 +86,12 @@ pub fn routes(api: Arc<Api>) -> Router {
         .route("/v1/leaderboard", get(leaderboard))
         .route("/v1/local/inferences/{id}", get(local_inference))
         .route("/v1/local/leaderboard", get(local_leaderboard))
+        .route("/v1/rubrics", get(rubrics))
+        .route("/v1/voters", get(voters))
+        .route("/v1/voters/{id}", get(voter))
+        .route("/v1/local/rubrics", get(local_rubrics))
+        .route("/v1/local/voters", get(local_voters))
+        .route("/v1/local/voters/{id}", get(local_voter))
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), auth))
         .with_state(api)
 }
@@ -112,13 +124,14 @@ async fn auth(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response
     next.run(req).await
 }
 
-/// The id in `/…/inferences/{id}`, decoded and checked.
-/// Errors are the message of a 400 (see [`bad_request`]).
-fn id_from(uri: &Uri) -> Result<String, String> {
+/// The id in `/…/inferences/{id}` (or `/…/voters/{id}`: `what` names
+/// it), decoded and checked. Errors are the message of a 400 (see
+/// [`bad_request`]).
+fn id_from(uri: &Uri, what: &str) -> Result<String, String> {
     let raw = uri.path().rsplit('/').next().unwrap_or_default();
-    let id = percent_decode(raw, false).map_err(|e| format!("inference id: {e}"))?;
+    let id = percent_decode(raw, false).map_err(|e| format!("{what}: {e}"))?;
     if id.is_empty() || id.len() > MAX_ID_BYTES {
-        return Err(format!("inference id: must be 1..={MAX_ID_BYTES} bytes"));
+        return Err(format!("{what}: must be 1..={MAX_ID_BYTES} bytes"));
     }
     Ok(id)
 }
@@ -127,9 +140,13 @@ fn bad_request(message: String) -> Response {
     error(StatusCode::BAD_REQUEST, message)
 }
 
-/// The `voter_prompt_id` filter of a leaderboard request.
-fn rubric_from(uri: &Uri) -> Result<Option<String>, String> {
-    let mut rubric = None;
+/// The query parameters of a request, each one of `allowed` (the last
+/// occurrence wins); an unknown one or a bad escape is an error.
+fn params_from(
+    uri: &Uri,
+    allowed: &[&str],
+) -> Result<std::collections::HashMap<String, String>, String> {
+    let mut out = std::collections::HashMap::new();
     for pair in uri
         .query()
         .unwrap_or_default()
@@ -138,16 +155,51 @@ fn rubric_from(uri: &Uri) -> Result<Option<String>, String> {
     {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let bad = |e: String| format!("query string: {e}");
-        match percent_decode(k, true).map_err(bad)?.as_str() {
-            "voter_prompt_id" => rubric = Some(percent_decode(v, true).map_err(bad)?),
-            other => {
-                return Err(bad(format!(
-                    "unknown parameter {other:?} (only voter_prompt_id)"
-                )))
-            }
+        let k = percent_decode(k, true).map_err(bad)?;
+        if !allowed.contains(&k.as_str()) {
+            let known = if allowed.is_empty() {
+                "this route takes none".to_owned()
+            } else {
+                format!("only {}", allowed.join(", "))
+            };
+            return Err(bad(format!("unknown parameter {k:?} ({known})")));
         }
+        out.insert(k, percent_decode(v, true).map_err(bad)?);
     }
-    Ok(rubric)
+    Ok(out)
+}
+
+/// The `voter_prompt_id` filter of a leaderboard request.
+fn rubric_from(uri: &Uri) -> Result<Option<String>, String> {
+    Ok(params_from(uri, &["voter_prompt_id"])?.remove("voter_prompt_id"))
+}
+
+/// Reviewers listed by `GET /v1/voters` when `limit` is absent, and at most.
+const VOTERS_DEFAULT_LIMIT: usize = 100;
+const VOTERS_MAX_LIMIT: usize = 10_000;
+
+/// `GET /v1/voters`: the rubric (required), the order and the limit.
+fn voters_query(uri: &Uri) -> Result<(String, VoterOrder, usize), String> {
+    let mut p = params_from(uri, &["voter_prompt_id", "order", "limit"])?;
+    let rubric = p
+        .remove("voter_prompt_id")
+        .ok_or("voter_prompt_id is required (the rubric whose reviewers to list)")?;
+    let order = match p.remove("order").as_deref() {
+        None | Some("voter_id") => VoterOrder::VoterId,
+        Some("deviation") => VoterOrder::Deviation,
+        Some(o) => return Err(format!("order: {o:?} is not deviation or voter_id")),
+    };
+    let limit = match p.remove("limit") {
+        None => VOTERS_DEFAULT_LIMIT,
+        Some(l) => l
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=VOTERS_MAX_LIMIT).contains(n))
+            .ok_or(format!(
+                "limit: {l:?} is not an integer in 1..={VOTERS_MAX_LIMIT}"
+            ))?,
+    };
+    Ok((rubric, order, limit))
 }
 
 fn store_error(e: crate::state::StoreError) -> Response {
@@ -166,7 +218,7 @@ fn local<T: Serialize>(r: Result<LocalAnswer<T>, crate::state::StoreError>) -> R
 }
 
 async fn local_inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    match id_from(&uri) {
+    match id_from(&uri, "inference id") {
         Ok(id) => local(api.holdings.inference(&id)),
         Err(m) => bad_request(m),
     }
@@ -174,6 +226,25 @@ async fn local_inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
 
 async fn local_leaderboard(State(api): State<Arc<Api>>) -> Response {
     local(api.holdings.board())
+}
+
+async fn local_rubrics(State(api): State<Arc<Api>>) -> Response {
+    local(api.holdings.rubrics())
+}
+
+async fn local_voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    match id_from(&uri, "voter id") {
+        Ok(id) => local(api.holdings.voter(&id)),
+        Err(m) => bad_request(m),
+    }
+}
+
+async fn local_voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    match params_from(&uri, &["voter_prompt_id"]).map(|mut p| p.remove("voter_prompt_id")) {
+        Ok(Some(r)) => local(api.holdings.voters_of(&r)),
+        Ok(None) => bad_request("voter_prompt_id is required".into()),
+        Err(m) => bad_request(m),
+    }
 }
 
 /// This instance's answer and every peer's (a peer that fails is left
@@ -252,7 +323,7 @@ fn unavailable(why: impl std::fmt::Display, peer_errors: &[String]) -> Response 
 }
 
 async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    let id = match id_from(&uri) {
+    let id = match id_from(&uri, "inference id") {
         Ok(id) => id,
         Err(m) => return bad_request(m),
     };
@@ -283,6 +354,62 @@ async fn leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     };
     let (answers, errors) = gather(&api, own, "/v1/local/leaderboard".into()).await;
     match merge_board(answers, rubric.as_deref()) {
+        Ok(out) => Json(out).into_response(),
+        Err(why) => unavailable(why, &errors),
+    }
+}
+
+async fn rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    if let Err(m) = params_from(&uri, &[]) {
+        return bad_request(m);
+    }
+    let own = match api.holdings.rubrics() {
+        Ok(a) => a,
+        Err(e) => return store_error(e),
+    };
+    let (answers, errors) = gather(&api, own, "/v1/local/rubrics".into()).await;
+    match merge_rubrics(answers) {
+        Ok(out) => Json(out).into_response(),
+        Err(why) => unavailable(why, &errors),
+    }
+}
+
+async fn voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    let id = match id_from(&uri, "voter id") {
+        Ok(id) => id,
+        Err(m) => return bad_request(m),
+    };
+    let own = match api.holdings.voter(&id) {
+        Ok(a) => a,
+        Err(e) => return store_error(e),
+    };
+    let path = format!("/v1/local/voters/{}", percent_encode(&id));
+    let (answers, errors) = gather(&api, own, path).await;
+    match merge_voters(answers, VoterOrder::VoterId, usize::MAX) {
+        Ok(out) if out.voters.is_empty() => error(
+            StatusCode::NOT_FOUND,
+            format!("no rated votes of voter {id:?} (a vote counts once its batch closes with another vote)"),
+        ),
+        Ok(out) => Json(out).into_response(),
+        Err(why) => unavailable(why, &errors),
+    }
+}
+
+async fn voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    let (rubric, order, limit) = match voters_query(&uri) {
+        Ok(q) => q,
+        Err(m) => return bad_request(m),
+    };
+    let own = match api.holdings.voters_of(&rubric) {
+        Ok(a) => a,
+        Err(e) => return store_error(e),
+    };
+    let path = format!(
+        "/v1/local/voters?voter_prompt_id={}",
+        percent_encode(&rubric)
+    );
+    let (answers, errors) = gather(&api, own, path).await;
+    match merge_voters(answers, order, limit) {
         Ok(out) => Json(out).into_response(),
         Err(why) => unavailable(why, &errors),
     }

@@ -19,6 +19,7 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::agreement::{ReviewerStats, RubricRow, RubricSums, VoterRow};
 use crate::engine::board::{BoardKey, BoardRow};
 use crate::state::{Store, StoreError};
 use crate::time::format_timestamp;
@@ -109,6 +110,73 @@ pub struct LeaderRow {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaderboardOut {
     pub rows: Vec<LeaderRow>,
+}
+
+/// A partition's agreement sums as instances exchange them (fixed-point
+/// sums as decimal strings, like [`BoardRowOut`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RubricSumsOut {
+    pub voter_prompt_id: String,
+    pub units: u64,
+    pub pairable_votes: u64,
+    pub sum_fixed: String,
+    pub square_sum_fixed: String,
+    pub within_fixed: String,
+}
+
+impl RubricSumsOut {
+    fn of(voter_prompt_id: String, s: &RubricSums) -> Self {
+        RubricSumsOut {
+            voter_prompt_id,
+            units: s.units,
+            pairable_votes: s.pairable,
+            sum_fixed: s.sum.to_string(),
+            square_sum_fixed: s.square_sum.to_string(),
+            within_fixed: s.within.to_string(),
+        }
+    }
+
+    fn sums(&self) -> Option<RubricSums> {
+        Some(RubricSums {
+            units: self.units,
+            pairable: self.pairable_votes,
+            sum: self.sum_fixed.parse().ok()?,
+            square_sum: self.square_sum_fixed.parse().ok()?,
+            within: self.within_fixed.parse().ok()?,
+        })
+    }
+}
+
+/// A partition's numbers of one reviewer and rubric, as instances exchange
+/// them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReviewerOut {
+    pub voter_id: String,
+    pub voter_prompt_id: String,
+    pub rated_votes: u64,
+    pub sq_dev_fixed: String,
+}
+
+/// `GET /v1/rubrics` (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RubricsOut {
+    pub rubrics: Vec<RubricRow>,
+}
+
+/// `GET /v1/voters/{id}` and `GET /v1/voters?voter_prompt_id=R`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VotersOut {
+    pub voters: Vec<VoterRow>,
+}
+
+/// The order of `GET /v1/voters?voter_prompt_id=R`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VoterOrder {
+    /// `voter_id` byte order.
+    VoterId,
+    /// `mean_sq_deviation` descending (the reviewers who disagree most
+    /// first), then `voter_id`.
+    Deviation,
 }
 
 /// Why a merged answer cannot be given.
@@ -207,6 +275,50 @@ impl Holdings {
                 })
                 .collect())
         })
+    }
+}
+
+impl Holdings {
+    /// This instance's agreement sums, per held partition.
+    pub fn rubrics(&self) -> Result<LocalAnswer<RubricSumsOut>, StoreError> {
+        self.answer(|store| {
+            Ok(store
+                .agreement()?
+                .into_iter()
+                .map(|(r, s)| RubricSumsOut::of(r, &s))
+                .collect())
+        })
+    }
+
+    /// One reviewer's numbers per rubric, per held partition.
+    pub fn voter(&self, voter_id: &str) -> Result<LocalAnswer<ReviewerOut>, StoreError> {
+        self.answer(|store| {
+            Ok(store
+                .reviewer(voter_id)?
+                .into_iter()
+                .map(|(r, s)| reviewer_out(voter_id.to_owned(), r, &s))
+                .collect())
+        })
+    }
+
+    /// Every reviewer of one rubric, per held partition.
+    pub fn voters_of(&self, rubric: &str) -> Result<LocalAnswer<ReviewerOut>, StoreError> {
+        self.answer(|store| {
+            Ok(store
+                .reviewers_of(rubric)?
+                .into_iter()
+                .map(|(v, s)| reviewer_out(v, rubric.to_owned(), &s))
+                .collect())
+        })
+    }
+}
+
+fn reviewer_out(voter_id: String, voter_prompt_id: String, s: &ReviewerStats) -> ReviewerOut {
+    ReviewerOut {
+        voter_id,
+        voter_prompt_id,
+        rated_votes: s.rated,
+        sq_dev_fixed: s.sq_dev.to_string(),
     }
 }
 
@@ -339,6 +451,57 @@ pub fn merge_board(
             })
     });
     Ok(LeaderboardOut { rows: out })
+}
+
+/// The agreement rows of the whole group: every partition's sums added
+/// exactly, α computed once (SPEC §11), in `voter_prompt_id` byte order.
+pub fn merge_rubrics(answers: Vec<LocalAnswer<RubricSumsOut>>) -> Result<RubricsOut, Unavailable> {
+    let mut sums: BTreeMap<String, RubricSums> = BTreeMap::new();
+    for r in covering(answers)?.into_iter().flatten() {
+        // A row that does not parse cannot come from this program.
+        if let Some(s) = r.sums() {
+            sums.entry(r.voter_prompt_id).or_default().add(&s);
+        }
+    }
+    Ok(RubricsOut {
+        rubrics: sums.iter().map(|(r, s)| RubricRow::of(r, s)).collect(),
+    })
+}
+
+/// Reviewer rows of the whole group (each reviewer's partitions added), in
+/// (`voter_id`, `voter_prompt_id`) byte order or by deviation, at most
+/// `limit`.
+pub fn merge_voters(
+    answers: Vec<LocalAnswer<ReviewerOut>>,
+    order: VoterOrder,
+    limit: usize,
+) -> Result<VotersOut, Unavailable> {
+    let mut stats: BTreeMap<(String, String), ReviewerStats> = BTreeMap::new();
+    for r in covering(answers)?.into_iter().flatten() {
+        let Ok(sq_dev) = r.sq_dev_fixed.parse::<i128>() else {
+            continue;
+        };
+        stats
+            .entry((r.voter_id, r.voter_prompt_id))
+            .or_default()
+            .add(&ReviewerStats {
+                rated: r.rated_votes,
+                sq_dev,
+            });
+    }
+    let mut voters: Vec<VoterRow> = stats
+        .iter()
+        .map(|((v, r), s)| VoterRow::of(v, r, s))
+        .collect();
+    if order == VoterOrder::Deviation {
+        // Stable: ties stay in voter_id order.
+        voters.sort_by(|a, b| {
+            let d = |r: &VoterRow| r.mean_sq_deviation.unwrap_or(0.0);
+            d(b).total_cmp(&d(a))
+        });
+    }
+    voters.truncate(limit);
+    Ok(VotersOut { voters })
 }
 
 /// Decodes one percent-encoded URL component strictly: `%` must be

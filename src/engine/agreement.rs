@@ -148,6 +148,46 @@ pub fn values(counted: &[Entry]) -> Vec<f64> {
         .collect()
 }
 
+/// One rubric's row (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RubricRow {
+    pub voter_prompt_id: String,
+    pub units: u64,
+    pub pairable_votes: u64,
+    pub alpha: Option<f64>,
+}
+
+impl RubricRow {
+    pub fn of(voter_prompt_id: &str, s: &RubricSums) -> Self {
+        RubricRow {
+            voter_prompt_id: voter_prompt_id.to_owned(),
+            units: s.units,
+            pairable_votes: s.pairable,
+            alpha: s.alpha(),
+        }
+    }
+}
+
+/// One reviewer's row for one rubric (SPEC §11).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VoterRow {
+    pub voter_id: String,
+    pub voter_prompt_id: String,
+    pub rated_votes: u64,
+    pub mean_sq_deviation: Option<f64>,
+}
+
+impl VoterRow {
+    pub fn of(voter_id: &str, voter_prompt_id: &str, s: &ReviewerStats) -> Self {
+        VoterRow {
+            voter_id: voter_id.to_owned(),
+            voter_prompt_id: voter_prompt_id.to_owned(),
+            rated_votes: s.rated,
+            mean_sq_deviation: s.mean_sq_deviation(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

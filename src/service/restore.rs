@@ -284,6 +284,12 @@ impl Session {
             let restored = result?;
             let started = Instant::now();
             self.adopt(restored)?;
+            for tp in &tps {
+                if let Some(p) = self.parts.get(tp) {
+                    self.metrics
+                        .agreement_baseline(&format!("{}-{}", tp.0, tp.1), p.engine.agreement());
+                }
+            }
             self.seek_to_state(consumer, &tps)?;
             let mut tpl = TopicPartitionList::new();
             for tp in &tps {

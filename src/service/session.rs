@@ -215,6 +215,12 @@ impl Session {
                 self.metrics
                     .commit_duration(started.elapsed().as_secs_f64());
                 self.refresh_gauges();
+                for (tp, part) in &self.parts {
+                    self.metrics.agreement_committed(
+                        &format!("{}-{}", tp.0, tp.1),
+                        part.engine.agreement(),
+                    );
+                }
                 Ok(())
             }
             Err(e) => {

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus::core::{Collector, Desc, Metric};
 use prometheus::proto::{MetricFamily, MetricType};
-use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, Opts};
+use prometheus::{Counter, Gauge, Histogram, HistogramOpts, IntCounter, Opts};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::series::*;
@@ -160,6 +160,11 @@ impl SeriesTable {
         )
     }
 
+    /// The exported value of a rubric (the cap shared with the pairs).
+    pub(crate) fn capped_rubric(&mut self, rubric: &str) -> String {
+        self.rubrics.map(rubric).to_owned()
+    }
+
     /// Runs `f` on the metrics of (`model`, `rubric`), created on first use.
     /// No allocation unless the pair is new.
     pub(crate) fn with<R>(&mut self, model: &str, rubric: &str, f: impl FnOnce(&Series) -> R) -> R {
@@ -238,58 +243,47 @@ impl Collector for SeriesCollector {
     }
 }
 
-/// A gauge family whose series come and go (a partition's watermark, a
-/// partition's consumer lag), keyed by its label values. Clones share it.
-#[derive(Clone)]
-pub(crate) struct GaugeFamily {
-    inner: Arc<GaugeFamilyInner>,
+/// A family whose series come and go (a partition's watermark, a
+/// partition's consumer lag; gauges or counters), keyed by its label
+/// values. Clones share it.
+pub(crate) struct Family<M> {
+    inner: Arc<FamilyInner<M>>,
 }
 
-struct GaugeFamilyInner {
+impl<M> Clone for Family<M> {
+    fn clone(&self) -> Self {
+        Family {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct FamilyInner<M> {
     name: &'static str,
     help: &'static str,
     labels: &'static [&'static str],
     desc: Desc,
-    children: Mutex<BTreeMap<Vec<String>, Gauge>>,
+    kind: MetricType,
+    make: fn(Opts) -> prometheus::Result<M>,
+    children: Mutex<BTreeMap<Vec<String>, M>>,
 }
+
+pub(crate) type GaugeFamily = Family<Gauge>;
+/// Float counters (sums of data values) per label values.
+pub(crate) type CounterFamily = Family<Counter>;
 
 impl GaugeFamily {
     pub(crate) fn new(
         name: &'static str,
         help: &'static str,
         labels: &'static [&'static str],
-    ) -> GaugeFamily {
-        GaugeFamily {
-            inner: Arc::new(GaugeFamilyInner {
-                name,
-                help,
-                labels,
-                desc: desc(name, help, labels),
-                children: Mutex::new(BTreeMap::new()),
-            }),
-        }
-    }
-
-    fn key(&self, values: &[&str]) -> Vec<String> {
-        assert_eq!(values.len(), self.inner.labels.len(), "one value per label");
-        values.iter().map(|v| (*v).to_owned()).collect()
+    ) -> Self {
+        Family::with_kind(name, help, labels, MetricType::GAUGE, Gauge::with_opts)
     }
 
     /// Sets the series `values` (one per label) to `v`.
     pub(crate) fn set(&self, values: &[&str], v: f64) {
-        let key = self.key(values);
-        let mut c = lock(&self.inner.children);
-        if let Some(g) = c.get(&key) {
-            g.set(v);
-            return;
-        }
-        let mut opts = Opts::new(self.inner.name, self.inner.help);
-        for (l, v) in self.inner.labels.iter().zip(&key) {
-            opts = opts.const_label(*l, v.as_str());
-        }
-        let g = Gauge::with_opts(opts).expect("valid metric");
-        g.set(v);
-        c.insert(key, g);
+        self.with_child(values, |g| g.set(v));
     }
 
     /// Replaces every series with `values` (label values → value).
@@ -298,35 +292,87 @@ impl GaugeFamily {
         let mut c = lock(&self.inner.children);
         for (key, v) in values {
             assert_eq!(key.len(), self.inner.labels.len(), "one value per label");
-            let g = c.remove(&key).unwrap_or_else(|| {
-                let mut opts = Opts::new(self.inner.name, self.inner.help);
-                for (l, v) in self.inner.labels.iter().zip(&key) {
-                    opts = opts.const_label(*l, v.as_str());
-                }
-                Gauge::with_opts(opts).expect("valid metric")
-            });
+            let g = c.remove(&key).unwrap_or_else(|| self.make(&key));
             g.set(v);
             next.insert(key, g);
         }
         *c = next;
     }
+}
+
+impl CounterFamily {
+    pub(crate) fn new(
+        name: &'static str,
+        help: &'static str,
+        labels: &'static [&'static str],
+    ) -> Self {
+        Family::with_kind(name, help, labels, MetricType::COUNTER, Counter::with_opts)
+    }
+
+    /// Adds `v` (≥ 0) to the series `values` (one per label).
+    pub(crate) fn inc_by(&self, values: &[&str], v: f64) {
+        self.with_child(values, |c| c.inc_by(v));
+    }
+}
+
+impl<M: Metric> Family<M> {
+    fn with_kind(
+        name: &'static str,
+        help: &'static str,
+        labels: &'static [&'static str],
+        kind: MetricType,
+        make: fn(Opts) -> prometheus::Result<M>,
+    ) -> Self {
+        Family {
+            inner: Arc::new(FamilyInner {
+                name,
+                help,
+                labels,
+                desc: desc(name, help, labels),
+                kind,
+                make,
+                children: Mutex::new(BTreeMap::new()),
+            }),
+        }
+    }
+
+    fn make(&self, key: &[String]) -> M {
+        let mut opts = Opts::new(self.inner.name, self.inner.help);
+        for (l, v) in self.inner.labels.iter().zip(key) {
+            opts = opts.const_label(*l, v.as_str());
+        }
+        (self.inner.make)(opts).expect("valid metric")
+    }
+
+    /// Runs `f` on the series `values` (one per label), created on first use.
+    fn with_child(&self, values: &[&str], f: impl FnOnce(&M)) {
+        assert_eq!(values.len(), self.inner.labels.len(), "one value per label");
+        let key: Vec<String> = values.iter().map(|v| (*v).to_owned()).collect();
+        let mut c = lock(&self.inner.children);
+        if let Some(m) = c.get(&key) {
+            return f(m);
+        }
+        let m = self.make(&key);
+        f(&m);
+        c.insert(key, m);
+    }
 
     /// Removes the series `values` (no longer exported).
     pub(crate) fn remove(&self, values: &[&str]) {
-        let key = self.key(values);
+        let key: Vec<String> = values.iter().map(|v| (*v).to_owned()).collect();
         lock(&self.inner.children).remove(&key);
     }
 }
 
-impl Collector for GaugeFamily {
+impl<M: Metric> Collector for Family<M> {
     fn desc(&self) -> Vec<&Desc> {
         vec![&self.inner.desc]
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let mut f = family(self.inner.name, self.inner.help, MetricType::GAUGE);
-        for g in lock(&self.inner.children).values() {
-            f.mut_metric().push(g.metric());
+        let mut f = family(self.inner.name, self.inner.help, self.inner.kind);
+        for m in lock(&self.inner.children).values() {
+            f.mut_metric().push(m.metric());
         }
         vec![f]
     }

@@ -21,8 +21,11 @@ use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
 };
 
+use crate::engine::agreement::RubricSums;
+use crate::engine::board::FIXED_ONE;
 use crate::engine::{Counters, ScoreUpdate};
-use family::{GaugeFamily, SeriesCollector, SeriesTable};
+use family::{CounterFamily, GaugeFamily, SeriesCollector, SeriesTable};
+use rustc_hash::FxHashMap;
 
 pub use http::serve;
 
@@ -49,6 +52,12 @@ pub const RESTORE_DURATION: &str = "jurystream_state_restore_duration_seconds";
 pub const BUILD_INFO: &str = "jurystream_build_info";
 pub const MODEL_SCORE_SUM: &str = "jurystream_model_score_sum";
 pub const MODEL_SERIES: &str = "jurystream_model_series";
+/// Reviewer agreement sums (SPEC §11), per rubric; α over any range is
+/// 1 − (n − 1)·W / (n·S2 − S1²) of their `increase()`s.
+pub const AGREEMENT_PAIRABLE: &str = "jurystream_agreement_pairable_votes_total";
+pub const AGREEMENT_SUM: &str = "jurystream_agreement_vote_sum_total";
+pub const AGREEMENT_SQUARE_SUM: &str = "jurystream_agreement_vote_square_sum_total";
+pub const AGREEMENT_WITHIN: &str = "jurystream_agreement_within_unit_total";
 
 /// The label names (SPEC §8). No label ever carries an inference or voter id.
 pub const MODEL_ID: &str = "model_id";
@@ -99,6 +108,9 @@ struct Partitions {
     folded: HashMap<String, Counters>,
     /// Open batches and cache bytes per partition; the gauges are sums.
     open: HashMap<String, (u64, u64)>,
+    /// Agreement sums already counted, per partition and rubric (set when
+    /// a partition is taken into service, moved after each commit).
+    agreement: HashMap<String, HashMap<Arc<str>, RubricSums>>,
 }
 
 /// The process's metrics. Cheap to share (`Arc`). Counters and histograms
@@ -123,6 +135,8 @@ pub struct Metrics {
     restore: Histogram,
     model_score_sum: GaugeFamily,
     model_series: GaugeFamily,
+    /// n, S1, S2, W of SPEC §11.
+    agreement: [CounterFamily; 4],
     partitions: Mutex<Partitions>,
 }
 
@@ -224,6 +238,25 @@ impl Metrics {
             "Scored series (update_seq >= 1) this instance holds, per model and rubric.",
             &[MODEL_ID, VOTER_PROMPT_ID],
         );
+        let agreement = [
+            (
+                AGREEMENT_PAIRABLE,
+                "Counted votes in closed batches with at least two (pairable votes n of Krippendorff's alpha), per rubric.",
+            ),
+            (
+                AGREEMENT_SUM,
+                "Sum of the pairable votes' values (S1), per rubric.",
+            ),
+            (
+                AGREEMENT_SQUARE_SUM,
+                "Sum of the pairable votes' squared values (S2), per rubric.",
+            ),
+            (
+                AGREEMENT_WITHIN,
+                "Sum over batches of (m*sum(v^2) - sum(v)^2)/(m-1) (W); alpha = 1 - (n-1)*W/(n*S2 - S1^2), per rubric.",
+            ),
+        ]
+        .map(|(name, help)| CounterFamily::new(name, help, &[VOTER_PROMPT_ID]));
         let build_info = IntGauge::with_opts(
             Opts::new(BUILD_INFO, "Build information (always 1).")
                 .const_label(VERSION, env!("CARGO_PKG_VERSION")),
@@ -247,6 +280,9 @@ impl Metrics {
         register(&registry, restore.clone());
         register(&registry, model_score_sum.clone());
         register(&registry, model_series.clone());
+        for f in &agreement {
+            register(&registry, f.clone());
+        }
         register(&registry, build_info);
 
         Arc::new(Metrics {
@@ -268,6 +304,7 @@ impl Metrics {
             restore,
             model_score_sum,
             model_series,
+            agreement,
             partitions: Mutex::new(Partitions::default()),
         })
     }
@@ -373,10 +410,47 @@ impl Metrics {
             .replace_all(sums.into_iter().map(|(k, v)| (k, v.1)));
     }
 
+    /// A partition's agreement sums as it is taken into service: counted
+    /// from here on (what was committed before counts where it happened).
+    pub fn agreement_baseline(&self, partition: &str, sums: &FxHashMap<Arc<str>, RubricSums>) {
+        let base = sums.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        lock(&self.partitions)
+            .agreement
+            .insert(partition.to_owned(), base);
+    }
+
+    /// A partition's agreement sums after a commit: the counters move by
+    /// what was committed since the last call (so a cycle that is aborted
+    /// and redone counts once, and PromQL α over the group's counters
+    /// equals α of the committed sums).
+    pub fn agreement_committed(&self, partition: &str, sums: &FxHashMap<Arc<str>, RubricSums>) {
+        let mut g = lock(&self.partitions);
+        let folded = g.agreement.entry(partition.to_owned()).or_default();
+        let mut t = lock(&self.series);
+        for (rubric, now) in sums {
+            let before = folded.get(rubric).copied().unwrap_or_default();
+            if *now == before {
+                continue;
+            }
+            let label = t.capped_rubric(rubric);
+            let deltas = [
+                now.pairable.saturating_sub(before.pairable) as f64,
+                (now.sum - before.sum).max(0) as f64 / FIXED_ONE,
+                (now.square_sum - before.square_sum).max(0) as f64 / FIXED_ONE,
+                (now.within - before.within).max(0) as f64 / FIXED_ONE,
+            ];
+            for (family, d) in self.agreement.iter().zip(deltas) {
+                family.inc_by(&[&label], d);
+            }
+            folded.insert(rubric.clone(), *now);
+        }
+    }
+
     /// A partition went away (revoked): its gauges go, its counts stay.
     pub fn forget_partition(&self, partition: &str) {
         let mut g = lock(&self.partitions);
         g.open.remove(partition);
+        g.agreement.remove(partition);
         self.set_partition_sums(&g);
         self.watermark.remove(&[partition]);
     }
