@@ -729,6 +729,73 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
         );
     }
 
+    // Reviewer agreement (SPEC §11): α from the four counters over the
+    // whole run equals `jurystream agreement` on the same log.
+    let offline = Command::new(env!("CARGO_BIN_EXE_jurystream"))
+        .args(["agreement", "--format", "json", "--config"])
+        .arg(&r._setup.config)
+        .arg("--input")
+        .arg(r._setup.dir.path().join("votes.jsonl"))
+        .output()
+        .unwrap();
+    assert!(
+        offline.status.success(),
+        "{}",
+        String::from_utf8_lossy(&offline.stderr)
+    );
+    let offline: Value = serde_json::from_slice(&offline.stdout).unwrap();
+    let want: BTreeMap<String, f64> = offline["rubrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r["voter_prompt_id"].as_str()?.to_owned(),
+                r["alpha"].as_f64()?,
+            ))
+        })
+        .collect();
+    assert!(
+        want.len() >= 3,
+        "the stream has rubrics with agreement: {offline}"
+    );
+    let sum = |name: &str| format!("sum by (voter_prompt_id) ({name})");
+    let alpha_q = format!(
+        "1 - ({n} - 1) * {w} / ({n} * {s2} - {s1} ^ 2 > 0)",
+        n = sum("jurystream_agreement_pairable_votes_total"),
+        w = sum("jurystream_agreement_within_unit_total"),
+        s2 = sum("jurystream_agreement_vote_square_sum_total"),
+        s1 = sum("jurystream_agreement_vote_sum_total"),
+    );
+    eventually(
+        "agreement α through Prometheus",
+        Duration::from_secs(60),
+        || {
+            let got: BTreeMap<String, f64> = prom
+                .query(&alpha_q)
+                .iter()
+                .map(|s| {
+                    (
+                        s["metric"]["voter_prompt_id"]
+                            .as_str()
+                            .unwrap_or("?")
+                            .to_owned(),
+                        s["value"][1].as_str().unwrap().parse::<f64>().unwrap(),
+                    )
+                })
+                .collect();
+            let same = got.len() == want.len()
+                && want
+                    .iter()
+                    .all(|(k, a)| got.get(k).is_some_and(|b| (a - b).abs() <= 1e-9));
+            if same {
+                vec![]
+            } else {
+                vec![format!("PromQL α {got:?}, agreement α {want:?}")]
+            }
+        },
+    );
+
     // The leaderboard table's queries (mean score, series) give the
     // leaderboard of the scores topic, per model and rubric.
     let table_query = |refid: &str| -> String {

@@ -246,6 +246,14 @@ fn same_board(have: &Value, want: &[Value]) -> bool {
         })
 }
 
+/// A 400 with a JSON error.
+fn json_error_early(port: u16, path: &str) {
+    let (code, _, body) = get(port, path, Some(TOKEN)).unwrap();
+    assert_eq!(code, 400, "{path}: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert!(v["error"].as_str().is_some_and(|e| !e.is_empty()), "{v}");
+}
+
 #[test]
 fn two_instances_answer_what_a_replay_leaves() {
     let _g = serial();
@@ -306,6 +314,65 @@ fn two_instances_answer_what_a_replay_leaves() {
         .collect();
     let filtered = get_ok(pb, "/v1/leaderboard?voter_prompt_id=safety").unwrap();
     assert!(same_board(&filtered, &safety), "{filtered:#}");
+
+    // Reviewer agreement (SPEC §11): the group's sums equal one offline
+    // pass over the same log exactly, from either instance.
+    let offline = Command::new(BIN)
+        .args(["agreement", "--format", "json", "--config"])
+        .arg(&setup.config)
+        .arg("--input")
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(
+        offline.status.success(),
+        "{}",
+        String::from_utf8_lossy(&offline.stderr)
+    );
+    let offline: Value = serde_json::from_slice(&offline.stdout).unwrap();
+    let rows = offline["voters"].as_array().unwrap();
+    assert!(
+        offline["rubrics"].as_array().unwrap().len() >= 3 && rows.len() >= 10,
+        "{offline}"
+    );
+    for port in [pa, pb] {
+        assert_eq!(
+            get_ok(port, "/v1/rubrics").unwrap()["rubrics"],
+            offline["rubrics"],
+            "port {port}"
+        );
+    }
+    let voter_ids: BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r["voter_id"].as_str().unwrap())
+        .collect();
+    for (i, v) in voter_ids.iter().enumerate() {
+        let want: Vec<&Value> = rows.iter().filter(|r| r["voter_id"] == *v).collect();
+        let port = [pa, pb][i % 2];
+        let have = get_ok(port, &format!("/v1/voters/{}", encode(v))).unwrap();
+        let have: Vec<&Value> = have["voters"].as_array().unwrap().iter().collect();
+        assert_eq!(have, want, "voter {v} on port {port}");
+    }
+    let mut safety: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["voter_prompt_id"] == "safety")
+        .collect();
+    safety.sort_by(|a, b| {
+        let d = |r: &Value| r["mean_sq_deviation"].as_f64().unwrap();
+        d(b).total_cmp(&d(a))
+            .then_with(|| a["voter_id"].as_str().cmp(&b["voter_id"].as_str()))
+    });
+    let top = get_ok(
+        pa,
+        "/v1/voters?voter_prompt_id=safety&order=deviation&limit=5",
+    )
+    .unwrap();
+    let top: Vec<&Value> = top["voters"].as_array().unwrap().iter().collect();
+    assert_eq!(top, safety[..5].to_vec());
+    json_error_early(pa, "/v1/voters?order=deviation");
+    json_error_early(pa, "/v1/voters?voter_prompt_id=safety&limit=0");
+    let (code, _, _) = get(pb, "/v1/voters/nobody-at-all", Some(TOKEN)).unwrap();
+    assert_eq!(code, 404);
 
     // Every inference, from either instance, is the replay's series.
     for (id, series) in &state {

@@ -266,6 +266,9 @@ struct FamilyInner<M> {
     kind: MetricType,
     make: fn(Opts) -> prometheus::Result<M>,
     children: Mutex<BTreeMap<Vec<String>, M>>,
+    /// Counters only: what new series get once they have been collected
+    /// at 0 (see [`CounterFamily::inc_by`]).
+    pending: Mutex<BTreeMap<Vec<String>, f64>>,
 }
 
 pub(crate) type GaugeFamily = Family<Gauge>;
@@ -309,9 +312,24 @@ impl CounterFamily {
         Family::with_kind(name, help, labels, MetricType::COUNTER, Counter::with_opts)
     }
 
-    /// Adds `v` (≥ 0) to the series `values` (one per label).
+    /// Adds `v` (≥ 0) to the series `values` (one per label). A new series
+    /// is first exported at 0 and gets its value from the next collection
+    /// on: `increase()` takes a series' first sample as its start, so a
+    /// counter born with its first increment would lose it (all of it, for
+    /// a burst that never moves the counter again).
     pub(crate) fn inc_by(&self, values: &[&str], v: f64) {
-        self.with_child(values, |c| c.inc_by(v));
+        let key: Vec<String> = values.iter().map(|v| (*v).to_owned()).collect();
+        let mut c = lock(&self.inner.children);
+        let mut pending = lock(&self.inner.pending);
+        match (c.get(&key), pending.get_mut(&key)) {
+            (Some(_), Some(p)) => *p += v,
+            (Some(m), None) => m.inc_by(v),
+            (None, _) => {
+                let m = self.make(&key);
+                pending.insert(key.clone(), v);
+                c.insert(key, m);
+            }
+        }
     }
 }
 
@@ -332,6 +350,7 @@ impl<M: Metric> Family<M> {
                 kind,
                 make,
                 children: Mutex::new(BTreeMap::new()),
+                pending: Mutex::new(BTreeMap::new()),
             }),
         }
     }
@@ -364,17 +383,40 @@ impl<M: Metric> Family<M> {
     }
 }
 
-impl<M: Metric> Collector for Family<M> {
+impl<M: Metric> Family<M> {
+    fn collect_family(&self, settle: impl Fn(&M, f64)) -> Vec<MetricFamily> {
+        let mut f = family(self.inner.name, self.inner.help, self.inner.kind);
+        let c = lock(&self.inner.children);
+        for m in c.values() {
+            f.mut_metric().push(m.metric());
+        }
+        // Collected at 0 once: now the new series get their value.
+        for (key, v) in std::mem::take(&mut *lock(&self.inner.pending)) {
+            if let Some(m) = c.get(&key) {
+                settle(m, v);
+            }
+        }
+        vec![f]
+    }
+}
+
+impl Collector for GaugeFamily {
     fn desc(&self) -> Vec<&Desc> {
         vec![&self.inner.desc]
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
-        let mut f = family(self.inner.name, self.inner.help, self.inner.kind);
-        for m in lock(&self.inner.children).values() {
-            f.mut_metric().push(m.metric());
-        }
-        vec![f]
+        self.collect_family(|_, _| {})
+    }
+}
+
+impl Collector for CounterFamily {
+    fn desc(&self) -> Vec<&Desc> {
+        vec![&self.inner.desc]
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        self.collect_family(|c, v| c.inc_by(v))
     }
 }
 
@@ -393,6 +435,15 @@ mod tests {
         let f = &lag.collect()[0];
         assert_eq!(f.get_metric().len(), 1);
         assert_eq!(f.get_metric()[0].get_label()[1].value(), "votes1");
+
+        let n = CounterFamily::new("t_total", "Sum.", &["rubric"]);
+        n.inc_by(&["r"], 2.0);
+        n.inc_by(&["r"], 1.0);
+        let value = |n: &CounterFamily| n.collect()[0].get_metric()[0].get_counter().get_value();
+        assert_eq!(value(&n), 0.0, "a new series is first collected at 0");
+        assert_eq!(value(&n), 3.0);
+        n.inc_by(&["r"], 1.0);
+        assert_eq!(value(&n), 4.0);
 
         let mut t = SeriesTable::new(10);
         t.with("ab", "c", |s| s.flag());
