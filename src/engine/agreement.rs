@@ -1,6 +1,7 @@
 //! Reviewer agreement (SPEC §11): Krippendorff's α with the interval
 //! metric per rubric, and each reviewer's squared deviation from the other
-//! votes of the same batch. Pure arithmetic, no state.
+//! votes of the same batch: the arithmetic (pure functions of a unit's
+//! values), and below it the engine's agreement state (`query_index`).
 //!
 //! The units are scored batches with m ≥ 2 counted votes, taken
 //! unweighted. A rubric keeps four additive sums (n, Σv, Σv², W) and a
@@ -48,9 +49,8 @@ impl RubricSums {
         self.within += o.within;
     }
 
-    /// The sums as floats: (n, S1, S2, W), as the Prometheus counters
-    /// carry them.
-    pub fn floats(&self) -> (f64, f64, f64, f64) {
+    /// The sums as floats: (n, S1, S2, W).
+    fn floats(&self) -> (f64, f64, f64, f64) {
         (
             self.pairable as f64,
             self.sum as f64 / FIXED_ONE,
@@ -63,21 +63,15 @@ impl RubricSums {
     /// pairable vote is the same value.
     pub fn alpha(&self) -> Option<f64> {
         let (n, s1, s2, w) = self.floats();
-        alpha_of(n, s1, s2, w)
+        if n < 2.0 {
+            return None;
+        }
+        let expected = n * s2 - s1 * s1;
+        if expected <= n * s2 * DEGENERATE {
+            return None;
+        }
+        Some(1.0 - (n - 1.0) * w / expected)
     }
-}
-
-/// α from the four sums (also what a PromQL query over the counters
-/// computes).
-pub fn alpha_of(n: f64, s1: f64, s2: f64, w: f64) -> Option<f64> {
-    if n < 2.0 {
-        return None;
-    }
-    let expected = n * s2 - s1 * s1;
-    if expected <= n * s2 * DEGENERATE {
-        return None;
-    }
-    Some(1.0 - (n - 1.0) * w / expected)
 }
 
 /// One reviewer's agreement numbers for one rubric.

@@ -216,11 +216,7 @@ fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
         Change::Agreement(rubric, sums) => {
             ([&b"g"[..], rubric.as_bytes()].concat(), Some(enc(sums)))
         }
-        Change::Reviewer((rubric, voter), stats) => {
-            let mut key = reviewer_prefix(rubric);
-            key.extend_from_slice(voter.as_bytes());
-            (key, Some(enc(stats)))
-        }
+        Change::Reviewer((rubric, voter), stats) => (reviewer_key(rubric, voter), Some(enc(stats))),
     };
     out.push(record);
 }
@@ -232,6 +228,13 @@ fn reviewer_prefix(rubric: &str) -> Vec<u8> {
     out.extend_from_slice(&(rubric.len() as u32).to_be_bytes());
     out.extend_from_slice(rubric.as_bytes());
     out
+}
+
+/// `r` key of one reviewer of a rubric.
+fn reviewer_key(rubric: &str, voter_id: &str) -> Vec<u8> {
+    let mut key = reviewer_prefix(rubric);
+    key.extend_from_slice(voter_id.as_bytes());
+    key
 }
 
 /// Position name marking a bulk write in progress (see [`Store::begin_bulk`]).
@@ -517,7 +520,7 @@ impl Store {
         }
         let keys: Vec<Vec<u8>> = wanted
             .iter()
-            .map(|(rubric, voter)| [reviewer_prefix(rubric), voter.as_bytes().to_vec()].concat())
+            .map(|(rubric, voter)| reviewer_key(rubric, voter))
             .collect();
         self.multi_get(&keys, |i, v| {
             let stats = v
@@ -544,10 +547,7 @@ impl Store {
     /// agreement rows: one point lookup each).
     pub fn reviewer(&self, voter_id: &str) -> Result<Vec<(String, ReviewerStats)>, StoreError> {
         let rubrics: Vec<String> = self.agreement()?.into_iter().map(|(r, _)| r).collect();
-        let keys: Vec<Vec<u8>> = rubrics
-            .iter()
-            .map(|r| [reviewer_prefix(r), voter_id.as_bytes().to_vec()].concat())
-            .collect();
+        let keys: Vec<Vec<u8>> = rubrics.iter().map(|r| reviewer_key(r, voter_id)).collect();
         let mut out = Vec::new();
         self.multi_get(&keys, |i, v| {
             if let Some(v) = v {
