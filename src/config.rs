@@ -332,6 +332,14 @@ impl Config {
         s.into_config()
     }
 
+    /// This configuration whose engine also scores every series under
+    /// `companions` (the backtest's other λ of a window).
+    pub fn with_companions(&self, companions: Vec<crate::engine::Decay>) -> Config {
+        let mut c = self.clone();
+        c.engine.companions = companions;
+        c
+    }
+
     /// The engine's view of this configuration, validated and built at load.
     pub fn engine(&self) -> EngineConfig {
         self.engine.clone()
@@ -566,6 +574,7 @@ impl Sections {
             defaults,
             rubrics,
             query_index: false,
+            companions: Vec::new(),
         })
     }
 

@@ -307,11 +307,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
     /// skill, mse and log_loss of a grid point equal those computed from
-    /// the events of `replay` with that λ and window.
+    /// the events of `replay` with that λ and window, whichever λ of the
+    /// window's grid it is (the first is the engine's, the others its
+    /// companions).
     #[test]
     fn a_grid_point_equals_replay_with_its_lambda_and_window(
         lines in any_log(),
         lambda in prop::sample::select(vec![0.0, 1e-5, 1e-3, 0.02, 0.5]),
+        others in prop::sample::subsequence(vec![0.0, 1e-5, 1e-3, 0.02, 0.5], 0..4),
         unit in prop::sample::select(vec!["seconds", "minutes", "hours"]),
         window in prop::sample::select(vec![0.0, 1.0, 60.0, 900.0]),
         min_votes in 1u64..4,
@@ -325,16 +328,31 @@ proptest! {
              [rubrics.b]\nlambda = 0.001\n"
         );
         let cfg = jurystream::config::Config::from_layers(Some(&base), &[]).unwrap();
+        // λ among others, in any place of the list (duplicates allowed).
+        let mut grid: Vec<f64> = others.clone();
+        let at = others.len() / 2;
+        grid.insert(at, lambda);
+        let list: Vec<String> = grid.iter().map(|l| format!("{l}")).collect();
         let raw = jurystream::backtest::RawOptions {
             input: input.clone(),
-            lambda: Some(format!("{lambda}")),
+            lambda: Some(list.join(",")),
             time_unit: Some(unit.to_owned()),
             window: Some(format!("{window}")),
             ..Default::default()
         };
         let opts = raw.resolve(&cfg).unwrap();
         let results = jurystream::backtest::run(&cfg, &opts).unwrap();
-        let row = serde_json::to_value(&results.outcome.grid[0]).unwrap();
+        let mut distinct = grid.clone();
+        distinct.sort_by(f64::total_cmp);
+        distinct.dedup();
+        prop_assert_eq!(results.outcome.grid.len(), distinct.len());
+        let row = results
+            .outcome
+            .grid
+            .iter()
+            .find(|r| r.lambda == lambda)
+            .map(|r| serde_json::to_value(r).unwrap())
+            .unwrap();
 
         // The same λ (in that unit) and window, written in a file; the
         // rubric's own lambda keeps the configured unit (seconds).

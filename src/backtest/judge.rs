@@ -124,6 +124,18 @@ impl Judge {
 
     /// One score update, in emission order.
     pub fn judge(&mut self, u: &ScoreUpdate) -> Result<(), TooManySteps> {
+        self.judge_as(u, u.previous_score, u.score)
+    }
+
+    /// [`Judge::judge`] with the scores of another λ (the engine's
+    /// companion scores, [`ScoreUpdate::companions`]): everything else of
+    /// an update does not depend on λ.
+    pub fn judge_as(
+        &mut self,
+        u: &ScoreUpdate,
+        previous_score: f64,
+        score: f64,
+    ) -> Result<(), TooManySteps> {
         let votes = u.votes.len() as u64;
         self.flags.all += 1;
         if votes >= u64::from(self.min_votes) {
@@ -138,7 +150,7 @@ impl Judge {
         self.variances[(bin.max(0.0) as usize).min(VARIANCE_BINS - 1)] += 1;
         if u.update_seq >= 2 {
             if let Some(m_prev) = u.previous_mean_vote {
-                self.sums.add(u.previous_score, u.mean_vote, m_prev);
+                self.sums.add(previous_score, u.mean_vote, m_prev);
                 let step = u.last_vote_at.div_euclid(self.step_ns);
                 if !self.steps.contains_key(&step) && self.steps.len() >= MAX_STEPS {
                     return Err(TooManySteps);
@@ -146,7 +158,7 @@ impl Judge {
                 self.steps
                     .entry(step)
                     .or_default()
-                    .add(u.previous_score, u.mean_vote, m_prev);
+                    .add(previous_score, u.mean_vote, m_prev);
             }
         }
         self.offer_top(&u.series, u.series_votes);
@@ -154,7 +166,7 @@ impl Judge {
             self.trajectories
                 .entry(u.series.clone())
                 .or_default()
-                .push((u.last_vote_at, u.score, u.mean_vote));
+                .push((u.last_vote_at, score, u.mean_vote));
         }
         Ok(())
     }

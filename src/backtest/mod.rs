@@ -2,11 +2,14 @@
 //! window) of a grid with the engine of `replay`, and judges how well each
 //! series' score before a batch predicts that batch.
 //!
-//! - The file is read and decoded once, on one thread; every grid point
-//!   gets the same decoded chunks (`Arc`) and runs its own engine on its
+//! - The file is read and decoded once, on one thread; every window of the
+//!   grid gets the same decoded chunks (`Arc`) and runs one engine on its
 //!   own thread with a temporary store and a share of `state.cache_mb`
-//!   (`replay::run_detached`). No event is encoded: the points hand their
-//!   score updates to a [`judge::Judge`].
+//!   (`replay::run_detached`). λ changes nothing but the scores, so that
+//!   engine scores the window's first λ and keeps every series' score
+//!   under the others beside it (`EngineConfig::companions`): one engine
+//!   per window, not per point. No event is encoded: the score updates go
+//!   to one [`judge::Judge`] per point.
 //! - `judge.rs` (pure): the metrics, the flag counts, the ranking.
 //! - `report.rs`: `--report DIR` (HTML with inline SVG charts). Its score
 //!   trajectories need a second pass over the file for two points (the
@@ -23,7 +26,7 @@ use anyhow::{Context, Result};
 
 use crate::config::Config;
 use crate::engine::score::TimeUnit;
-use crate::engine::{Engine, ScoreUpdate, SeriesKey};
+use crate::engine::{Decay, Engine, ScoreUpdate, SeriesKey};
 use crate::input::Rejection;
 use crate::replay::{read_chunks, run_detached, Chunk, Progress, Sink};
 use crate::time::{Nanos, NANOS_PER_SEC};
@@ -209,18 +212,26 @@ pub fn grid(cfg: &Config, opts: &Options) -> Result<Vec<(Point, Config)>, UsageE
     Ok(out)
 }
 
-/// A judge as the engine loop's sink (rejections are only counted).
+/// The judges of one engine as the engine loop's sink (rejections are
+/// only counted): the first judges the engine's scores, the others its
+/// companion scores, in order.
 struct Judging {
-    judge: Judge,
+    judges: Vec<Judge>,
     error: Option<TooManySteps>,
 }
 
 impl Sink for Judging {
     fn updates(&mut self, updates: &mut Vec<ScoreUpdate>) -> std::io::Result<()> {
         for u in updates.drain(..) {
-            if let Err(e) = self.judge.judge(&u) {
-                self.error = Some(e);
-                return Err(std::io::Error::other("--step: too many steps"));
+            for (k, j) in self.judges.iter_mut().enumerate() {
+                let r = match k.checked_sub(1).and_then(|c| u.companions.get(c)) {
+                    Some(&(previous, score)) => j.judge_as(&u, previous, score),
+                    None => j.judge(&u),
+                };
+                if let Err(e) = r {
+                    self.error = Some(e);
+                    return Err(std::io::Error::other("--step: too many steps"));
+                }
             }
         }
         Ok(())
@@ -243,11 +254,13 @@ pub struct Results {
     pub points: Vec<(Point, Judge)>,
 }
 
-/// Runs `judges` (one per configuration) over `opts.input`, decoding it once.
+/// Runs one engine per configuration over `opts.input`, decoding it once;
+/// each engine's judges (its own scores, then each companion's) come back
+/// in order, all engines' one after the other.
 fn run_points(
     cfg: &Config,
     opts: &Options,
-    points: Vec<(Config, Judge)>,
+    points: Vec<(Config, Vec<Judge>)>,
     what: &'static str,
 ) -> Result<(Vec<Judge>, u64, u64, u64)> {
     let file = std::fs::File::open(&opts.input)
@@ -262,13 +275,16 @@ fn run_points(
         scope.spawn(move || read_chunks(BufReader::with_capacity(1 << 20, file), decode, tx));
         let mut senders = Vec::new();
         let mut handles = Vec::new();
-        for (i, (c, judge)) in points.into_iter().enumerate() {
+        for (i, (c, judges)) in points.into_iter().enumerate() {
             let (ptx, prx) = std::sync::mpsc::sync_channel::<Arc<Chunk>>(4);
             senders.push(ptx);
             let h = std::thread::Builder::new()
                 .name(format!("backtest-{i}"))
                 .spawn_scoped(scope, move || {
-                    let mut sink = Judging { judge, error: None };
+                    let mut sink = Judging {
+                        judges,
+                        error: None,
+                    };
                     let r = run_detached(&c, budget, prx.into_iter().map(Ok), &mut sink);
                     match (r, sink.error) {
                         (_, Some(TooManySteps)) => Err(anyhow::Error::new(UsageError(format!(
@@ -276,7 +292,7 @@ fn run_points(
                             judge::MAX_STEPS
                         )))),
                         (Err(e), None) => Err(e),
-                        (Ok(s), None) => Ok((sink.judge, s)),
+                        (Ok(s), None) => Ok((sink.judges, s)),
                     }
                 })
                 .expect("spawn a backtest thread");
@@ -310,7 +326,7 @@ fn run_points(
             let (j, s) = h
                 .join()
                 .map_err(|_| anyhow::anyhow!("a backtest thread panicked"))??;
-            judges.push(j);
+            judges.extend(j);
             lines = s.lines;
             rejected = s.rejected;
         }
@@ -325,16 +341,21 @@ fn run_points(
 pub fn run(cfg: &Config, opts: &Options) -> Result<Results> {
     let points = grid(cfg, opts)?;
     let min_votes = cfg.engine().min_votes;
-    let judges = points
-        .iter()
-        .map(|(_, c)| {
-            (
-                c.clone(),
-                Judge::new(&opts.thresholds, min_votes, opts.step_ns),
-            )
-        })
-        .collect();
-    let (judges, lines, rejected, votes) = run_points(cfg, opts, judges, "backtest")?;
+    // One engine per window (the grid is window-major): the first λ's
+    // configuration, scoring the window's other λ as companions.
+    let mut engines: Vec<(Config, Vec<Judge>)> = Vec::new();
+    for group in points.chunk_by(|a, b| a.0.window_seconds == b.0.window_seconds) {
+        let companions = group[1..]
+            .iter()
+            .map(|(_, c)| Decay::of(&c.engine()))
+            .collect();
+        let judges = group
+            .iter()
+            .map(|_| Judge::new(&opts.thresholds, min_votes, opts.step_ns))
+            .collect();
+        engines.push((group[0].1.with_companions(companions), judges));
+    }
+    let (judges, lines, rejected, votes) = run_points(cfg, opts, engines, "backtest")?;
     let points: Vec<(Point, Judge)> = points.into_iter().map(|(p, _)| p).zip(judges).collect();
     let refs: Vec<(Point, &Judge)> = points.iter().map(|(p, j)| (*p, j)).collect();
     let outcome = judge::outcome(&refs, &opts.thresholds, opts.review_budget, opts.step_ns);
@@ -386,7 +407,7 @@ pub fn trajectories(
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let mut j = Judge::new(&[], min_votes, opts.step_ns);
         j.record = series.clone();
-        runs.push((c, j));
+        runs.push((c, vec![j]));
     }
     let (judges, ..) = run_points(cfg, opts, runs, "backtest report")?;
     let mut judges = judges.into_iter();

@@ -69,6 +69,11 @@ pub(super) fn series_bytes(inference_id: &str, voter_prompt_id: &str, s: &Series
         + block(ARC_HEADER + inference_id.len())
         + block(ARC_HEADER + voter_prompt_id.len())
         + s.model_id.as_ref().map_or(0, |m| block(m.len()))
+        + if s.companion_scores.is_empty() {
+            0
+        } else {
+            block(8 * s.companion_scores.len())
+        }
 }
 
 /// Approximate bytes of one voter waiting in the change list.
@@ -320,6 +325,9 @@ impl Engine {
                     ambiguous: false,
                     pending: 0,
                     last_mean_vote: None,
+                    // Sized now, so that the series' bytes never change.
+                    companion_scores: vec![self.cfg.initial_score; self.cfg.companions.len()]
+                        .into(),
                 };
                 self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
                 self.series.insert(

@@ -39,6 +39,34 @@ pub struct RubricParams {
     pub temperature: f64,
 }
 
+/// A decay setting scored alongside the configured one (the backtest's
+/// other λ of a window, SPEC §10): (lambda, time unit) by default and per
+/// rubric that sets its own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decay {
+    pub defaults: (f64, TimeUnit),
+    pub rubrics: HashMap<String, (f64, TimeUnit)>,
+}
+
+impl Decay {
+    /// The decay of `cfg` (its default and its rubrics').
+    pub fn of(cfg: &EngineConfig) -> Decay {
+        let pair = |p: &RubricParams| (p.lambda, p.time_unit);
+        Decay {
+            defaults: pair(&cfg.defaults),
+            rubrics: cfg
+                .rubrics
+                .iter()
+                .map(|(k, p)| (k.clone(), pair(p)))
+                .collect(),
+        }
+    }
+
+    fn params(&self, voter_prompt_id: &str) -> (f64, TimeUnit) {
+        *self.rubrics.get(voter_prompt_id).unwrap_or(&self.defaults)
+    }
+}
+
 /// Everything the engine needs from the configuration, already validated.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -58,6 +86,9 @@ pub struct EngineConfig {
     /// the partition's leaderboard rows. Off for a temporary replay state,
     /// which nobody queries.
     pub query_index: bool,
+    /// Other decays whose scores every series also keeps (the backtest;
+    /// empty otherwise): [`ScoreUpdate::companions`].
+    pub companions: Vec<Decay>,
 }
 
 impl EngineConfig {
@@ -110,6 +141,9 @@ pub struct SeriesState {
     /// The last scored batch's mean vote (None before the first update):
     /// the backtest's naive forecast of the next batch (SPEC §10).
     pub last_mean_vote: Option<f64>,
+    /// The score under each of [`EngineConfig::companions`] (empty
+    /// without them).
+    pub companion_scores: Box<[f64]>,
 }
 
 /// [`SeriesState`] as stored before the query API (format ≤ 3), read from
@@ -136,6 +170,7 @@ impl From<SeriesStateV1> for SeriesState {
             ambiguous: false,
             pending: 0,
             last_mean_vote: None,
+            companion_scores: Box::default(),
         }
     }
 }
@@ -156,6 +191,22 @@ impl From<SeriesStateV4> for SeriesState {
             ambiguous: v.ambiguous,
             pending: v.pending,
             ..v.v1.into()
+        }
+    }
+}
+
+/// [`SeriesState`] as stored before `companion_scores`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SeriesStateV5 {
+    pub v4: SeriesStateV4,
+    pub last_mean_vote: Option<f64>,
+}
+
+impl From<SeriesStateV5> for SeriesState {
+    fn from(v: SeriesStateV5) -> SeriesState {
+        SeriesState {
+            last_mean_vote: v.last_mean_vote,
+            ..v.v4.into()
         }
     }
 }
@@ -245,6 +296,8 @@ pub struct ScoreUpdate {
     pub variance: f64,
     /// The counted votes in `vote_ids` order.
     pub votes: Vec<Entry>,
+    /// (previous score, score) under each of [`EngineConfig::companions`].
+    pub companions: Vec<(f64, f64)>,
 }
 
 /// One change to persist, as [`Engine::drain_changes`] reports it.
@@ -662,8 +715,9 @@ impl Engine {
             .map(|e| e.timestamp)
             .max()
             .unwrap_or_default();
+        let unscored = state.last_vote_at.is_none() || state.update_seq == 0;
         let (prev_score, t_prev) = match state.last_vote_at {
-            Some(t) if state.update_seq > 0 => (state.score, t),
+            Some(t) if !unscored => (state.score, t),
             _ => {
                 let from_inference = counted.iter().filter_map(|e| e.inference_time).min();
                 (
@@ -676,6 +730,23 @@ impl Engine {
         let dt_seconds = dt_ns as f64 / NANOS_PER_SEC as f64;
         let alpha = score::decay(params.lambda, dt_seconds, params.time_unit);
         let new_score = score::update(alpha, prev_score, agg);
+        let companions: Vec<(f64, f64)> = cfg
+            .companions
+            .iter()
+            .enumerate()
+            .map(|(k, d)| {
+                let (lambda, unit) = d.params(&key.series.voter_prompt_id);
+                let prev = match state.companion_scores.get(k) {
+                    Some(&s) if !unscored => s,
+                    _ => prev_score,
+                };
+                let a = score::decay(lambda, dt_seconds, unit);
+                (prev, score::update(a, prev, agg))
+            })
+            .collect();
+        if !companions.is_empty() {
+            state.companion_scores = companions.iter().map(|c| c.1).collect();
+        }
         let ambiguous = score::is_ambiguous(
             counted.len(),
             m.variance,
@@ -722,6 +793,7 @@ impl Engine {
             aggregate: agg,
             variance: m.variance,
             votes: counted,
+            companions,
         });
         if let (Some(from), Some(to)) = (before, after) {
             self.move_on_board(from, to);

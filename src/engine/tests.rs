@@ -22,6 +22,7 @@ fn cfg() -> EngineConfig {
         },
         rubrics: HashMap::new(),
         query_index: true,
+        companions: Vec::new(),
     }
 }
 

@@ -37,7 +37,7 @@ use crate::engine::agreement::{ReviewerStats, RubricSums};
 use crate::engine::board::{BoardKey, BoardRow};
 use crate::engine::{
     Batch, BatchKey, Change, Engine, EngineConfig, Meta, SeriesKey, SeriesState, SeriesStateV1,
-    SeriesStateV4, Wants,
+    SeriesStateV4, SeriesStateV5, Wants,
 };
 use crate::time::Nanos;
 
@@ -142,13 +142,15 @@ fn voter_prefix(k: &SeriesKey) -> Vec<u8> {
     out
 }
 
-/// A stored series state, in the current layout or the one before
-/// `ambiguous` and `pending` (format ≤ 3; postcard has no optional trailing
-/// fields, so the old layout fails to decode as the new one).
+/// A stored series state, in the current layout or an older one: before
+/// `companion_scores`, before `last_mean_vote`, before `ambiguous` and
+/// `pending` (format ≤ 3). Postcard has no optional trailing fields, so an
+/// old layout fails to decode as a newer one.
 pub fn decode_series(v: &[u8]) -> Result<SeriesState, postcard::Error> {
     // postcard is not self-describing: an older, shorter record fails to
     // decode as a newer layout (it ends early), so the newest goes first.
     postcard::from_bytes::<SeriesState>(v)
+        .or_else(|_| postcard::from_bytes::<SeriesStateV5>(v).map(SeriesState::from))
         .or_else(|_| postcard::from_bytes::<SeriesStateV4>(v).map(SeriesState::from))
         .or_else(|_| postcard::from_bytes::<SeriesStateV1>(v).map(SeriesState::from))
 }

@@ -173,10 +173,23 @@ fn series_records_of_earlier_layouts_decode() {
     let s = super::decode_series(&postcard::to_allocvec(&v4).unwrap()).unwrap();
     assert_eq!((s.ambiguous, s.pending, s.last_mean_vote), (true, 2, None));
     assert_eq!(s.model_id.as_deref(), Some("m"));
+    #[derive(serde::Serialize)]
+    struct V5 {
+        v4: V4,
+        last_mean_vote: Option<f64>,
+    }
+    let v5 = V5 {
+        v4,
+        last_mean_vote: Some(0.5),
+    };
+    let s = super::decode_series(&postcard::to_allocvec(&v5).unwrap()).unwrap();
+    assert_eq!((s.pending, s.last_mean_vote), (2, Some(0.5)));
+    assert!(s.companion_scores.is_empty());
     let mut now = s.clone();
     now.last_mean_vote = Some(0.75);
+    now.companion_scores = vec![0.1, 0.2].into();
     let back = super::decode_series(&postcard::to_allocvec(&now).unwrap()).unwrap();
-    assert_eq!(back.last_mean_vote, Some(0.75));
+    assert_eq!(back, now);
 }
 
 #[test]
@@ -262,6 +275,7 @@ fn prefix_filters_find_every_inference_in_memtables_and_files() {
         ambiguous: false,
         pending: 0,
         last_mean_vote: None,
+        companion_scores: Box::default(),
     };
     let ids: Vec<String> = (0..3000).map(|i| format!("inf-{i}")).collect();
     for (round, chunk) in ids.chunks(1000).enumerate() {

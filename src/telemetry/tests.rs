@@ -39,6 +39,7 @@ fn update(model: Option<&str>, rubric: &str, ambiguous: bool) -> ScoreUpdate {
         aggregate: 0.5,
         variance: 0.0,
         votes: vec![],
+        companions: vec![],
     }
 }
 
