@@ -339,14 +339,16 @@ fn any_log() -> impl Strategy<Value = Vec<(u32, u32, u32, Option<u8>, u32)>> {
     )
 }
 
+/// One batch of the model: voter → (arrival, value; None abstains).
+type Batch = BTreeMap<String, (usize, Option<f64>)>;
+
 fn lines_of(log: &[(u32, u32, u32, Option<u8>, u32)]) -> (Vec<String>, Vec<u32>, Units) {
     let mut t = 0u32;
     let mut lines = Vec::new();
     let mut infs = Vec::new();
     // (inference, rubric, window) → voter → (arrival, value): the unit by
     // SPEC §2: a later vote of the same voter in the batch replaces theirs.
-    let mut batches: BTreeMap<(u32, u32, u32), BTreeMap<String, (usize, Option<f64>)>> =
-        BTreeMap::new();
+    let mut batches: BTreeMap<(u32, u32, u32), Batch> = BTreeMap::new();
     for (k, &(inf, voter, rubric, value, step)) in log.iter().enumerate() {
         t += step;
         let v = value.map(|x| f64::from(x) / 4.0);

@@ -14,12 +14,12 @@
 mod kafka_support;
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kafka_support::prometheus::*;
 use kafka_support::*;
 use serde_json::Value;
 
@@ -31,138 +31,6 @@ const REASONS: [&str; 6] = [
     "late",
     "too_large",
 ];
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn tool_ok(cmd: &str) -> bool {
-    Command::new(cmd)
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
-
-/// GET over HTTP/1.0 on loopback: (status, body).
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(20))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").ok()?;
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-/// A Prometheus server scraping one target every second.
-struct Prometheus {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    fn start(target_port: u16) -> Prometheus {
-        let dir = tempfile::tempdir().unwrap();
-        let rules = root().join("deploy/prometheus/alerts.yml");
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-                 rule_files:\n  - {rules}\n\
-                 scrape_configs:\n  - job_name: jurystream\n    static_configs:\n      - targets: [\"127.0.0.1:{target_port}\"]\n",
-                rules = rules.display()
-            ),
-        )
-        .unwrap();
-        let port = free_port();
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus");
-        let mut p = Prometheus { child, port, dir };
-        let end = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some((200, _)) = http_get(port, "/-/ready") {
-                break;
-            }
-            if let Ok(Some(status)) = p.child.try_wait() {
-                panic!("prometheus exited ({status}):\n{}", p.log());
-            }
-            assert!(
-                Instant::now() < end,
-                "prometheus not ready after 60 s:\n{}",
-                p.log()
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        p
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    fn api(&self, path: &str) -> Value {
-        let (status, body) = http_get(self.port, path)
-            .unwrap_or_else(|| panic!("no answer from prometheus for {path}"));
-        let v: Value = serde_json::from_str(&body)
-            .unwrap_or_else(|e| panic!("{path}: HTTP {status}, not JSON ({e}): {body}"));
-        assert_eq!(v["status"], "success", "{path}: HTTP {status}: {body}");
-        v["data"].clone()
-    }
-
-    /// The series an instant query returns (a PromQL error fails the test).
-    fn query(&self, expr: &str) -> Vec<Value> {
-        let data = self.api(&format!("/api/v1/query?query={}", urlencode(expr)));
-        match data["resultType"].as_str() {
-            Some("vector") | Some("matrix") => data["result"].as_array().unwrap().clone(),
-            Some("scalar") => vec![data["result"].clone()],
-            other => panic!("{expr}: unexpected result type {other:?}"),
-        }
-    }
-
-    /// The value of a query returning one series (None while it returns none).
-    fn value(&self, expr: &str) -> Option<f64> {
-        let r = self.query(expr);
-        r.first()
-            .and_then(|s| s["value"][1].as_str())
-            .and_then(|v| v.parse().ok())
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Every target expression of the dashboard: (panel title, refId, expr).
 fn dashboard_queries() -> Vec<(String, String, String)> {
@@ -355,21 +223,6 @@ struct Run {
     scores: Vec<Value>,
 }
 
-fn prometheus_installed() -> bool {
-    let missing: Vec<&str> = ["prometheus", "promtool"]
-        .into_iter()
-        .filter(|c| !tool_ok(c))
-        .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    skip_or_fail(
-        &format!("{} not installed", missing.join(" and ")),
-        "scripts/install-deps.sh installs them",
-    );
-    false
-}
-
 /// Publishes generated votes, runs the service with Prometheus scraping
 /// it, and waits until every event replay predicts is committed.
 fn run(name: &str, seed: u64) -> Option<Run> {
@@ -392,7 +245,7 @@ fn run(name: &str, seed: u64) -> Option<Run> {
     assert!(replayed.iter().any(|e| e["type"] == "vote_rejected"));
 
     // Prometheus first, so it sees the counters from their start.
-    let prom = Prometheus::start(metrics_port);
+    let prom = Prometheus::start(&[metrics_port]);
     let produced = setup.produce(&input);
     let mut svc = Service::start(&setup, name);
 
@@ -759,31 +612,11 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
         want.len() >= 3,
         "the stream has rubrics with agreement: {offline}"
     );
-    let sum = |name: &str| format!("sum by (voter_prompt_id) ({name})");
-    let alpha_q = format!(
-        "1 - ({n} - 1) * {w} / ({n} * {s2} - {s1} ^ 2 > 0)",
-        n = sum("jurystream_agreement_pairable_votes_total"),
-        w = sum("jurystream_agreement_within_unit_total"),
-        s2 = sum("jurystream_agreement_vote_square_sum_total"),
-        s1 = sum("jurystream_agreement_vote_sum_total"),
-    );
     eventually(
         "agreement α through Prometheus",
         Duration::from_secs(60),
         || {
-            let got: BTreeMap<String, f64> = prom
-                .query(&alpha_q)
-                .iter()
-                .map(|s| {
-                    (
-                        s["metric"]["voter_prompt_id"]
-                            .as_str()
-                            .unwrap_or("?")
-                            .to_owned(),
-                        s["value"][1].as_str().unwrap().parse::<f64>().unwrap(),
-                    )
-                })
-                .collect();
+            let got = prom.agreement_alpha();
             let same = got.len() == want.len()
                 && want
                     .iter()

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use kafka_support::prometheus::{prometheus_installed, Prometheus};
 use kafka_support::*;
 use serde_json::{json, Value};
 
@@ -281,6 +282,9 @@ fn two_instances_answer_what_a_replay_leaves() {
         ("JURYSTREAM_API__PEERS", peers.as_str()),
         ("JURYSTREAM_API__TOKEN", TOKEN),
     ];
+    // Prometheus scrapes both instances from their start (the PromQL α
+    // below sums their counters).
+    let prom = prometheus_installed().then(|| Prometheus::start(&[pa, pb]));
     let a = instance_with(&setup, "a", "a", &format!("127.0.0.1:{pa}"), None, &env);
     let b = instance_with(&setup, "b", "b", &format!("127.0.0.1:{pb}"), None, &env);
     wait_for_events(&setup, &expected_events, Duration::from_secs(240), &a);
@@ -373,6 +377,46 @@ fn two_instances_answer_what_a_replay_leaves() {
     json_error_early(pa, "/v1/voters?voter_prompt_id=safety&limit=0");
     let (code, _, _) = get(pb, "/v1/voters/nobody-at-all", Some(TOKEN)).unwrap();
     assert_eq!(code, 404);
+    // The counters of both instances, summed by PromQL, give the same α
+    // (partitions moved between the instances as the second joined).
+    if let Some(prom) = &prom {
+        let want: BTreeMap<String, f64> = offline["rubrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r["voter_prompt_id"].as_str()?.to_owned(),
+                    r["alpha"].as_f64()?,
+                ))
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = prom.agreement_alpha();
+            // Exact counts: a cycle counted twice (redone, or by both
+            // instances of a partition that moved) would show here.
+            let pairable_ok = offline["rubrics"].as_array().unwrap().iter().all(|r| {
+                prom.agreement_pairable()
+                    .get(r["voter_prompt_id"].as_str().unwrap())
+                    .is_some_and(|n| *n == r["pairable_votes"].as_f64().unwrap())
+            });
+            let same = pairable_ok
+                && got.len() == want.len()
+                && want
+                    .iter()
+                    .all(|(k, a)| got.get(k).is_some_and(|b| (a - b).abs() <= 1e-9));
+            if same {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "PromQL α over both instances {got:?}, agreement α {want:?}\n{}",
+                prom.log()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
 
     // Every inference, from either instance, is the replay's series.
     for (id, series) in &state {

@@ -6,6 +6,7 @@
 #[path = "../common/skip.rs"]
 mod skip;
 pub use skip::*;
+pub mod prometheus;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
