@@ -444,6 +444,22 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
     // The exposition itself: promtool's linter accepts it, and its values
     // are what was processed.
     let text = scrape(metrics_port);
+    // No label carries a reviewer or an inference id (SPEC §8, §11): the
+    // generated ids are `v<n>` and `inf-<n>`.
+    let is_id = |value: &str| {
+        ["v", "inf-"].iter().any(|p| {
+            value
+                .strip_prefix(p)
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+    };
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        for value in l.split("=\"").skip(1) {
+            let value = value.split('"').next().unwrap_or_default();
+            assert!(!is_id(value), "an id as a label value: {l}");
+        }
+    }
+    assert!(text.contains("jurystream_agreement_pairable_votes_total{"));
     let mut lint = Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())
