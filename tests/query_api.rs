@@ -321,19 +321,7 @@ fn two_instances_answer_what_a_replay_leaves() {
 
     // Reviewer agreement (SPEC §11): the group's sums equal one offline
     // pass over the same log exactly, from either instance.
-    let offline = Command::new(BIN)
-        .args(["agreement", "--format", "json", "--config"])
-        .arg(&setup.config)
-        .arg("--input")
-        .arg(&input)
-        .output()
-        .unwrap();
-    assert!(
-        offline.status.success(),
-        "{}",
-        String::from_utf8_lossy(&offline.stderr)
-    );
-    let offline: Value = serde_json::from_slice(&offline.stdout).unwrap();
+    let offline = agreement_of(&setup.config, &input);
     let rows = offline["voters"].as_array().unwrap();
     assert!(
         offline["rubrics"].as_array().unwrap().len() >= 3 && rows.len() >= 10,
@@ -380,40 +368,9 @@ fn two_instances_answer_what_a_replay_leaves() {
     // The counters of both instances, summed by PromQL, give the same α
     // (partitions moved between the instances as the second joined).
     if let Some(prom) = &prom {
-        let want: BTreeMap<String, f64> = offline["rubrics"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter_map(|r| {
-                Some((
-                    r["voter_prompt_id"].as_str()?.to_owned(),
-                    r["alpha"].as_f64()?,
-                ))
-            })
-            .collect();
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let got = prom.agreement_alpha();
-            // Exact counts: a cycle counted twice (redone, or by both
-            // instances of a partition that moved) would show here.
-            let pairable_ok = offline["rubrics"].as_array().unwrap().iter().all(|r| {
-                prom.agreement_pairable()
-                    .get(r["voter_prompt_id"].as_str().unwrap())
-                    .is_some_and(|n| *n == r["pairable_votes"].as_f64().unwrap())
-            });
-            let same = pairable_ok
-                && got.len() == want.len()
-                && want
-                    .iter()
-                    .all(|(k, a)| got.get(k).is_some_and(|b| (a - b).abs() <= 1e-9));
-            if same {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "PromQL α over both instances {got:?}, agreement α {want:?}\n{}",
-                prom.log()
-            );
+        while let Some(wrong) = prom.agreement_mismatch(&offline) {
+            assert!(Instant::now() < deadline, "{wrong}\n{}", prom.log());
             std::thread::sleep(Duration::from_millis(500));
         }
     }

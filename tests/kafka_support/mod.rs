@@ -850,3 +850,20 @@ pub fn assert_same_events(setup: &Setup, expected: &[serde_json::Value]) {
         }
     }
 }
+
+/// `jurystream agreement --format json` of `input` (SPEC §11).
+pub fn agreement_of(config: &Path, input: &Path) -> Value {
+    let out = Command::new(BIN)
+        .args(["agreement", "--format", "json", "--config"])
+        .arg(config)
+        .arg("--input")
+        .arg(input)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}

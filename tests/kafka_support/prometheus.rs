@@ -205,3 +205,35 @@ impl Prometheus {
             .collect()
     }
 }
+
+impl Prometheus {
+    /// What differs between the counters summed over every target and
+    /// `offline` (`jurystream agreement --format json` of the same log):
+    /// α per rubric within 1e-9, pairable votes exactly (a cycle counted
+    /// twice would show); `None` when they agree.
+    pub fn agreement_mismatch(&self, offline: &Value) -> Option<String> {
+        let rows = offline["rubrics"].as_array()?;
+        let want: BTreeMap<String, (Option<f64>, f64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r["voter_prompt_id"].as_str().unwrap_or("?").to_owned(),
+                    (
+                        r["alpha"].as_f64(),
+                        r["pairable_votes"].as_f64().unwrap_or(-1.0),
+                    ),
+                )
+            })
+            .collect();
+        let (alpha, pairable) = (self.agreement_alpha(), self.agreement_pairable());
+        let defined = want.values().filter(|w| w.0.is_some()).count();
+        let same = alpha.len() == defined
+            && want.iter().all(|(k, (a, n))| {
+                pairable.get(k) == Some(n)
+                    && a.is_none_or(|a| alpha.get(k).is_some_and(|b| (a - b).abs() <= 1e-9))
+            });
+        (!same).then(|| {
+            format!("PromQL α {alpha:?} and pairable votes {pairable:?}, agreement {want:?}")
+        })
+    }
+}
