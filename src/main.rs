@@ -223,7 +223,7 @@ enum Command {
         #[arg(long, value_name = "N", requires = "voter_prompt_id")]
         voters: Option<usize>,
         /// With --leaderboard: only this rubric; with --voters: the rubric.
-        #[arg(long, value_name = "R")]
+        #[arg(long, value_name = "R", conflicts_with_all = ["inference", "rubrics", "voter"])]
         voter_prompt_id: Option<String>,
         /// Bearer token (the service's api.token).
         #[arg(long, env = "JURYSTREAM_API__TOKEN", hide_env_values = true)]
