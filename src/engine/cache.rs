@@ -315,20 +315,7 @@ impl Engine {
                 }
             }
             None => {
-                let state = SeriesState {
-                    model_id: model_id.map(Into::into),
-                    score: self.cfg.initial_score,
-                    last_vote_at: None,
-                    update_seq: 0,
-                    abstentions: 0,
-                    votes: 0,
-                    ambiguous: false,
-                    pending: 0,
-                    last_mean_vote: None,
-                    // Sized now, so that the series' bytes never change.
-                    companion_scores: vec![self.cfg.initial_score; self.cfg.companions.len()]
-                        .into(),
-                };
+                let state = SeriesState::new(model_id, &self.cfg);
                 self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
                 self.series.insert(
                     key.clone(),

@@ -146,6 +146,26 @@ pub struct SeriesState {
     pub companion_scores: Box<[f64]>,
 }
 
+impl SeriesState {
+    /// A series before its first vote: the initial score, nothing counted;
+    /// its companion scores sized now, so that its bytes in the cache never
+    /// change.
+    pub fn new(model_id: Option<&str>, cfg: &EngineConfig) -> SeriesState {
+        SeriesState {
+            model_id: model_id.map(Into::into),
+            score: cfg.initial_score,
+            last_vote_at: None,
+            update_seq: 0,
+            abstentions: 0,
+            votes: 0,
+            ambiguous: false,
+            pending: 0,
+            last_mean_vote: None,
+            companion_scores: vec![cfg.initial_score; cfg.companions.len()].into(),
+        }
+    }
+}
+
 /// [`SeriesState`] as stored before the query API (format ≤ 3), read from
 /// older directories and changelogs.
 #[derive(Debug, Clone, Deserialize)]

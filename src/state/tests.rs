@@ -265,18 +265,8 @@ fn voters_of_an_inference_come_per_rubric_in_one_scan_with_the_limit() {
 fn prefix_filters_find_every_inference_in_memtables_and_files() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(dir.path()).unwrap();
-    let state = SeriesState {
-        model_id: None,
-        score: 0.5,
-        last_vote_at: None,
-        update_seq: 0,
-        abstentions: 0,
-        votes: 0,
-        ambiguous: false,
-        pending: 0,
-        last_mean_vote: None,
-        companion_scores: Box::default(),
-    };
+    let cfg = crate::config::Config::load(None).unwrap().engine();
+    let state = SeriesState::new(None, &cfg);
     let ids: Vec<String> = (0..3000).map(|i| format!("inf-{i}")).collect();
     for (round, chunk) in ids.chunks(1000).enumerate() {
         let mut records = Vec::new();
