@@ -96,19 +96,11 @@ fn get_ok(port: u16, path: &str) -> Option<Value> {
 /// The series a replay of `input` leaves, per inference id (inspect's
 /// objects), from `replay --state-dir`.
 fn replay_state(config: &Path, input: &Path, dir: &Path) -> BTreeMap<String, Vec<Value>> {
-    let out = Command::new(BIN)
-        .args(["replay", "--config"])
-        .arg(config)
-        .arg("--input")
-        .arg(input)
-        .arg("--state-dir")
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        "replay",
+        config,
+        input,
+        &["--state-dir".as_ref(), dir.as_os_str()],
     );
     let mut ids = BTreeSet::new();
     for line in std::fs::read_to_string(input).unwrap().lines() {

@@ -621,13 +621,15 @@ pub fn multiset<'a>(events: impl IntoIterator<Item = &'a Value>) -> Vec<String> 
     v
 }
 
-/// The events `replay` prints for `input` with `config`.
-pub fn replay(config: &Path, input: &Path) -> Vec<Value> {
+/// Runs `jurystream COMMAND --config CONFIG --input INPUT ARGS…`, which
+/// must succeed, and returns its stdout.
+pub fn run_ok(command: &str, config: &Path, input: &Path, args: &[&std::ffi::OsStr]) -> Vec<u8> {
     let out = Command::new(BIN)
-        .args(["replay", "--config"])
+        .args([command, "--config"])
         .arg(config)
         .arg("--input")
         .arg(input)
+        .args(args)
         .output()
         .unwrap();
     assert!(
@@ -635,7 +637,12 @@ pub fn replay(config: &Path, input: &Path) -> Vec<Value> {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout)
+    out.stdout
+}
+
+/// The events `replay` prints for `input` with `config`.
+pub fn replay(config: &Path, input: &Path) -> Vec<Value> {
+    String::from_utf8(run_ok("replay", config, input, &[]))
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
@@ -853,17 +860,11 @@ pub fn assert_same_events(setup: &Setup, expected: &[serde_json::Value]) {
 
 /// `jurystream agreement --format json` of `input` (SPEC §11).
 pub fn agreement_of(config: &Path, input: &Path) -> Value {
-    let out = Command::new(BIN)
-        .args(["agreement", "--format", "json", "--config"])
-        .arg(config)
-        .arg("--input")
-        .arg(input)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        "agreement",
+        config,
+        input,
+        &["--format".as_ref(), "json".as_ref()],
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_slice(&out).unwrap()
 }
