@@ -2,13 +2,15 @@
 //! built from the project's own dependencies:
 //!
 //!   query_load BASE_URL IDS_FILE RATE SECONDS [CONNECTIONS | --connections N]
-//!              [--leaderboard] [--label TEXT] [--timeline]
+//!              [--leaderboard | --path PATH] [--label TEXT] [--timeline]
 //!
 //! - BASE_URL: `http://host:port` of `jurystream run`'s `[metrics] listen`.
 //! - IDS_FILE: inference ids, one per line (blank lines skipped); each
 //!   request is `GET /v1/inferences/{id}` with the id percent-encoded (every
 //!   byte except ASCII letters, digits and `-._~`). Ignored (pass `-`) with
-//!   `--leaderboard`, which sends `GET /v1/leaderboard` instead.
+//!   `--leaderboard`, which sends `GET /v1/leaderboard` instead, or with
+//!   `--path PATH`, which sends `GET PATH` (e.g. `/healthz`: the cost of
+//!   the HTTP stack alone).
 //! - RATE: target requests per second, over all connections.
 //! - SECONDS: how long to send; SIGTERM or SIGINT stops it earlier (the
 //!   requests in flight are finished, then the results are printed).
@@ -59,21 +61,22 @@ struct Args {
     rate: f64,
     seconds: f64,
     connections: usize,
-    leaderboard: bool,
+    /// A fixed path instead of the ids (`--leaderboard`, `--path`).
+    path: Option<String>,
     label: Option<String>,
     timeline: bool,
 }
 
 fn usage() -> ! {
     eprintln!(
-        "usage: query_load BASE_URL IDS_FILE RATE SECONDS [CONNECTIONS] [--leaderboard] [--label TEXT] [--timeline]"
+        "usage: query_load BASE_URL IDS_FILE RATE SECONDS [CONNECTIONS] [--leaderboard | --path PATH] [--label TEXT] [--timeline]"
     );
     std::process::exit(2)
 }
 
 fn parse_args() -> Args {
     let mut pos = Vec::new();
-    let mut leaderboard = false;
+    let mut path = None;
     let mut label = None;
     let mut connections = None;
     let mut timeline = false;
@@ -81,7 +84,8 @@ fn parse_args() -> Args {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--bench" => {}
-            "--leaderboard" => leaderboard = true,
+            "--leaderboard" => path = Some("/v1/leaderboard".to_owned()),
+            "--path" => path = Some(it.next().unwrap_or_else(|| usage())),
             "--timeline" => timeline = true,
             "--label" => label = Some(it.next().unwrap_or_else(|| usage())),
             "--connections" => connections = Some(it.next().unwrap_or_else(|| usage())),
@@ -113,7 +117,7 @@ fn parse_args() -> Args {
         connections: pos
             .get(4)
             .map_or(32, |c| c.parse().unwrap_or_else(|_| usage())),
-        leaderboard,
+        path,
         label,
         timeline,
     };
@@ -373,8 +377,8 @@ fn cpu_seconds() -> f64 {
 
 fn main() {
     let a = parse_args();
-    let paths: Vec<String> = if a.leaderboard {
-        vec!["/v1/leaderboard".to_owned()]
+    let paths: Vec<String> = if let Some(p) = &a.path {
+        vec![p.clone()]
     } else {
         let text = std::fs::read_to_string(&a.ids_file).unwrap_or_else(|e| {
             eprintln!("query_load: {}: {e}", a.ids_file);
@@ -437,7 +441,7 @@ fn main() {
     let r2 = |x: Option<f64>| x.map(|v| (v * 1000.0).round() / 1000.0);
     let mut out = serde_json::json!({
         "label": a.label,
-        "path": if a.leaderboard { "/v1/leaderboard" } else { "/v1/inferences/{id}" },
+        "path": a.path.as_deref().unwrap_or("/v1/inferences/{id}"),
         "connections": c,
         "target_rps": a.rate,
         "elapsed_s": (secs * 1000.0).round() / 1000.0,

@@ -14,7 +14,8 @@
 #             scored, unless a partition lags behind the others); then,
 #             with everything committed (idle), each of IDLE_RATES (default
 #             "RATE 40000 10000 5000 2000") req/s for IDLE_SECONDS (default
-#             20), and the leaderboard at 1000/s for 5 s.
+#             20), the leaderboard at 1000/s for 5 s, and /healthz at
+#             40000/s for 10 s (the HTTP stack alone).
 # Vote throughput = votes committed between 25 % and 100 % / that time
 # (kafka_passthrough `mark`: polled every 20 ms). ROUNDS (default 2) rounds,
 # baseline and loaded interleaved. CPU of the service (and of its
@@ -184,6 +185,10 @@ measure() {
         # One leaderboard sample (not a target).
         j="$("$LOAD" "$URL" - 1000 5 4 --leaderboard --label "idle, leaderboard 1000/s")"
         echo "{\"load\": $j}" >> "$out.idle.jsonl"
+        # The HTTP stack alone (no state read): the floor under a lookup.
+        h0=$(http_ticks $SVC_PID)
+        j="$("$LOAD" "$URL" - 40000 10 "$CONNECTIONS" --path /healthz --label "idle, /healthz 40000/s")"
+        echo "{\"load\": $j, \"http_cpu_s\": $(( $(http_ticks $SVC_PID) - h0 )).0e0}" >> "$out.idle.jsonl"
     fi
     kill -TERM $SVC_PID
     wait $SVC_PID || true
