@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Peer benchmark (issue 14): jurystream against the Quix Streams app a Python
+# team would write for the same job (benches/quix_peer.py: per-vote decay
+# with Quix's RocksDB state and changelog), and a passthrough (consume ->
+# produce -> commit, no state) for scale, in one run on the test broker.
+#   scripts/bench-peer.sh [VOTES]      (default 1000000)
+# N votes (scripts/gen-votes.py, keyed by inference_id) are preloaded on a
+# 4-partition topic; each contender starts with a fresh consumer group and
+# state and is timed from its process start until the group has committed
+# every input offset. CPU = user + system time of the process until then
+# (from /proc, before it is stopped). Reported: votes/s, and CPU seconds per
+# million votes.
+# The test broker (tansu 0.6.0) has no Kafka transactions, so both run
+# at-least-once (DELIVERY=at_least_once, QUIX_GUARANTEE=at-least-once); on
+# Apache Kafka set DELIVERY=exactly_once QUIX_GUARANTEE=exactly-once.
+# JURYSTREAM_BIN=PATH measures that binary instead of the release build.
+# Quix Streams (pinned) is installed into a virtualenv under the work dir.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N="${1:-1000000}"
+DELIVERY="${DELIVERY:-at_least_once}"
+QUIX_GUARANTEE="${QUIX_GUARANTEE:-at-least-once}"
+QUIX_VERSION="3.28.1"
+PORT="${BENCH_PORT:-19193}"
+WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
+mkdir -p "$WORK"
+INPUT="$WORK/votes-$N.jsonl"
+[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
+TARGET="${CARGO_TARGET_DIR:-target}"
+BROKERS="127.0.0.1:$PORT"
+
+VENV="$WORK/quix-venv"
+if ! "$VENV/bin/python" -c "import quixstreams as q; assert q.__version__ == '$QUIX_VERSION'" 2>/dev/null; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet "quixstreams==$QUIX_VERSION"
+fi
+PY="$VENV/bin/python"
+
+[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
+BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+HELPER="$(cargo bench --locked --bench kafka_passthrough --no-run --message-format=json 2>/dev/null \
+    | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "kafka_passthrough" and m.get("executable"):
+        print(m["executable"])')"
+
+scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
+scripts/broker.sh start "$PORT"
+trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+RUN="peer$$"
+
+# The votes topic is created with explicit retention settings: Quix derives
+# its changelog's settings from them, and tansu 0.6.0 describes only the
+# settings a topic was created with.
+"$PY" - "$BROKERS" "$RUN-votes" <<'PY' 2>/dev/null
+import sys
+from confluent_kafka.admin import AdminClient, NewTopic
+admin = AdminClient({"bootstrap.servers": sys.argv[1]})
+config = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "delete"}
+for fut in admin.create_topics([NewTopic(sys.argv[2], 4, 1, config=config)]).values():
+    fut.result()
+PY
+cat > "$WORK/peer.toml" <<TOML
+[outputs]
+scores_topic = "$RUN-scores"
+flags_topic = "$RUN-flags"
+dlq_topic = "$RUN-dlq"
+[metrics]
+listen = "127.0.0.1:0"
+[kafka]
+brokers = "$BROKERS"
+group_id = "$RUN-group"
+input_topics = ["$RUN-votes"]
+topic_partitions = 4
+delivery = "$DELIVERY"
+[kafka.properties]
+"session.timeout.ms" = "6000"
+"max.poll.interval.ms" = "6000"
+[state]
+dir = "$WORK/state-$RUN"
+TOML
+# jurystream's output and changelog topics first, with a group of its own
+# (see bench-kafka.sh), then the votes.
+sed -e "s/^group_id = .*/group_id = \"$RUN-setup\"/" \
+    -e "s|^dir = .*|dir = \"$WORK/state-$RUN-setup\"|" "$WORK/peer.toml" > "$WORK/peer-setup.toml"
+timeout 20 "$BIN" run --config "$WORK/peer-setup.toml" > /dev/null 2>&1 || true
+rm -rf "$WORK/state-$RUN-setup" "$WORK/state-$RUN" "$WORK/quix-state-$RUN"
+"$BIN" produce --input "$INPUT" --topic "$RUN-votes" --brokers "$BROKERS"
+TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
+TCK="$(getconf CLK_TCK)"
+
+# measure LABEL GROUP CMD...: wall seconds from start to every offset
+# committed by GROUP, and the process's CPU seconds until then.
+measure() {
+    local label="$1" group="$2"; shift 2
+    local start end ticks pid
+    start=$(date +%s.%N)
+    "$@" > "$WORK/$label.log" 2>&1 &
+    pid=$!
+    "$HELPER" wait "$BROKERS" "$RUN-votes" "$group" "$TOTAL" > /dev/null
+    end=$(date +%s.%N)
+    ticks=$(awk '{print $14 + $15}' /proc/$pid/stat)
+    kill -TERM $pid; wait $pid || true
+    python3 -c 'import sys; s, e, t, k = map(float, sys.argv[1:5]); print(f"{e - s:.3f} {t / k:.2f}")' \
+        "$start" "$end" "$ticks" "$TCK"
+}
+
+PASS_S="$("$HELPER" pass "$BROKERS" "$RUN-votes" "$RUN-pass-out" "$RUN-pass" "$TOTAL")"
+read -r JS_S JS_CPU < <(measure jurystream "$RUN-group" "$BIN" run --config "$WORK/peer.toml")
+read -r QX_S QX_CPU < <(measure quix "$RUN-quix" "$PY" benches/quix_peer.py "$BROKERS" \
+    "$RUN-votes" "$RUN-quix-scores" "$RUN-quix" "$WORK/quix-state-$RUN" "$QUIX_GUARANTEE")
+rm -rf "$WORK/state-$RUN" "$WORK/quix-state-$RUN"
+python3 - "$TOTAL" "$PASS_S" "$JS_S" "$JS_CPU" "$QX_S" "$QX_CPU" "$DELIVERY" "$QUIX_GUARANTEE" <<'PY'
+import sys
+n = int(sys.argv[1]); p, js, jc, qs, qc = map(float, sys.argv[2:7])
+print(f"{n} votes, 4 partitions; jurystream {sys.argv[7]}, Quix Streams {sys.argv[8]}")
+print(f"passthrough:    {p:8.2f} s  {n / p:>9,.0f} votes/s")
+print(f"jurystream run: {js:8.2f} s  {n / js:>9,.0f} votes/s  {jc:7.2f} CPU s = {jc * 1e6 / n:6.2f} CPU s per million votes")
+print(f"Quix Streams:   {qs:8.2f} s  {n / qs:>9,.0f} votes/s  {qc:7.2f} CPU s = {qc * 1e6 / n:6.2f} CPU s per million votes")
+print(f"jurystream / Quix throughput: {qs / js:.2f}x; CPU per vote: {jc / qc:.2f}x")
+PY
