@@ -19,49 +19,18 @@ INPUT="$WORK/votes-$N.jsonl"
 TARGET="${CARGO_TARGET_DIR:-target}"
 BROKERS="127.0.0.1:$PORT"
 
-cargo build --release --locked --bins
+. scripts/kafka-bench-lib.sh
+[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
 BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-HELPER="$(cargo bench --locked --bench kafka_passthrough --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "kafka_passthrough" and m.get("executable"):
-        print(m["executable"])')"
+HELPER="$(bench_exe kafka_passthrough)"
 
 scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
 scripts/broker.sh start "$PORT"
 trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
 RUN="bench$$"
-cat > "$WORK/kafka.toml" <<TOML
-[batching]
-idle_flush_seconds = 5
-[outputs]
-scores_topic = "$RUN-scores"
-flags_topic = "$RUN-flags"
-dlq_topic = "$RUN-dlq"
-[metrics]
-listen = "127.0.0.1:0"
-[kafka]
-brokers = "$BROKERS"
-group_id = "$RUN-group"
-input_topics = ["$RUN-votes"]
-topic_partitions = 4
-delivery = "$DELIVERY"
-[kafka.properties]
-"session.timeout.ms" = "6000"
-"max.poll.interval.ms" = "6000"
-[state]
-dir = "$WORK/state-$RUN"
-TOML
-# Topics first (the service creates them), then preload the votes. The
-# topic-creating start uses a group of its own: with the measured group its
-# idle flush would move that group's watermark to the wall clock, and the
-# measured run (restoring it) would reject every vote of the file as late.
-sed -e "s/^group_id = .*/group_id = \"$RUN-setup\"/" \
-    -e "s|^dir = .*|dir = \"$WORK/state-$RUN-setup\"|" "$WORK/kafka.toml" > "$WORK/kafka-setup.toml"
-timeout 20 "$BIN" run --config "$WORK/kafka-setup.toml" > /dev/null 2>&1 || true
-rm -rf "$WORK/state-$RUN-setup" "$WORK/state-$RUN"
-"$BIN" produce --input "$INPUT" --topic "$RUN-votes" --brokers "$BROKERS"
+service_config "$RUN" "$RUN-group" "$WORK/state-$RUN" 127.0.0.1:0 "$DELIVERY" "$BROKERS" > "$WORK/kafka.toml"
+rm -rf "$WORK/state-$RUN"
+preload "$BIN" "$RUN" "$INPUT" "$DELIVERY" "$BROKERS" "$WORK"
 TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
 
 # 1. passthrough baseline

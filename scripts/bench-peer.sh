@@ -36,14 +36,10 @@ if ! "$VENV/bin/python" -c "import quixstreams as q; assert q.__version__ == '$Q
 fi
 PY="$VENV/bin/python"
 
+. scripts/kafka-bench-lib.sh
 [ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
 BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-HELPER="$(cargo bench --locked --bench kafka_passthrough --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "kafka_passthrough" and m.get("executable"):
-        print(m["executable"])')"
+HELPER="$(bench_exe kafka_passthrough)"
 
 scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
 scripts/broker.sh start "$PORT"
@@ -61,32 +57,9 @@ config = {"retention.ms": "-1", "retention.bytes": "-1", "cleanup.policy": "dele
 for fut in admin.create_topics([NewTopic(sys.argv[2], 4, 1, config=config)]).values():
     fut.result()
 PY
-cat > "$WORK/peer.toml" <<TOML
-[outputs]
-scores_topic = "$RUN-scores"
-flags_topic = "$RUN-flags"
-dlq_topic = "$RUN-dlq"
-[metrics]
-listen = "127.0.0.1:0"
-[kafka]
-brokers = "$BROKERS"
-group_id = "$RUN-group"
-input_topics = ["$RUN-votes"]
-topic_partitions = 4
-delivery = "$DELIVERY"
-[kafka.properties]
-"session.timeout.ms" = "6000"
-"max.poll.interval.ms" = "6000"
-[state]
-dir = "$WORK/state-$RUN"
-TOML
-# jurystream's output and changelog topics first, with a group of its own
-# (see bench-kafka.sh), then the votes.
-sed -e "s/^group_id = .*/group_id = \"$RUN-setup\"/" \
-    -e "s|^dir = .*|dir = \"$WORK/state-$RUN-setup\"|" "$WORK/peer.toml" > "$WORK/peer-setup.toml"
-timeout 20 "$BIN" run --config "$WORK/peer-setup.toml" > /dev/null 2>&1 || true
-rm -rf "$WORK/state-$RUN-setup" "$WORK/state-$RUN" "$WORK/quix-state-$RUN"
-"$BIN" produce --input "$INPUT" --topic "$RUN-votes" --brokers "$BROKERS"
+service_config "$RUN" "$RUN-group" "$WORK/state-$RUN" 127.0.0.1:0 "$DELIVERY" "$BROKERS" > "$WORK/peer.toml"
+rm -rf "$WORK/state-$RUN" "$WORK/quix-state-$RUN"
+preload "$BIN" "$RUN" "$INPUT" "$DELIVERY" "$BROKERS" "$WORK"
 TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
 TCK="$(getconf CLK_TCK)"
 

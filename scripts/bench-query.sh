@@ -46,14 +46,7 @@ URL="http://127.0.0.1:$HTTP_PORT"
 
 [ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
 BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-bench_exe() {
-    cargo bench --locked --bench "$1" --no-run --message-format=json 2>/dev/null \
-        | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
-        print(m["executable"])' "$1"
-}
+. scripts/kafka-bench-lib.sh
 HELPER="$(bench_exe kafka_passthrough)"
 LOAD="$(bench_exe query_load)"
 
@@ -74,35 +67,10 @@ RUN="query$$"
 
 # config GROUP STATE_DIR > file
 config() {
-    cat <<TOML
-[batching]
-idle_flush_seconds = 5
-[outputs]
-scores_topic = "$RUN-scores"
-flags_topic = "$RUN-flags"
-dlq_topic = "$RUN-dlq"
-[metrics]
-listen = "127.0.0.1:$HTTP_PORT"
-[kafka]
-brokers = "$BROKERS"
-group_id = "$1"
-input_topics = ["$RUN-votes"]
-topic_partitions = 4
-delivery = "$DELIVERY"
-[kafka.properties]
-"session.timeout.ms" = "6000"
-"max.poll.interval.ms" = "6000"
-[state]
-dir = "$2"
-TOML
+    service_config "$RUN" "$1" "$2" "127.0.0.1:$HTTP_PORT" "$DELIVERY" "$BROKERS"
 }
 
-# Topics first (the service creates them), then preload the votes.
-config "$RUN-setup" "$WORK/state-$RUN-setup" > "$WORK/query-setup.toml"
-STATES+=("$WORK/state-$RUN-setup")
-timeout 20 "$BIN" run --config "$WORK/query-setup.toml" > /dev/null 2>&1 || true
-rm -rf "$WORK/state-$RUN-setup"
-"$BIN" produce --input "$INPUT" --topic "$RUN-votes" --brokers "$BROKERS"
+preload "$BIN" "$RUN" "$INPUT" "$DELIVERY" "$BROKERS" "$WORK"
 TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
 Q25=$(( (TOTAL + 3) / 4 ))
 QSTART=$(( (TOTAL * LOAD_START_PCT + 99) / 100 ))

@@ -1,0 +1,51 @@
+# Shared by the Kafka benchmarks (bench-kafka.sh, bench-query.sh,
+# bench-peer.sh); sourced from the repository root.
+
+# bench_exe NAME: builds bench target NAME (release) and prints its path.
+bench_exe() {
+    cargo bench --locked --bench "$1" --no-run --message-format=json 2>/dev/null \
+        | python3 -c 'import json,sys
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$1"
+}
+
+# service_config RUN GROUP STATE_DIR LISTEN DELIVERY BROKERS: a `jurystream
+# run` configuration for input topic RUN-votes (4 partitions) and outputs
+# RUN-scores, RUN-flags, RUN-dlq.
+service_config() {
+    cat <<TOML
+[batching]
+idle_flush_seconds = 5
+[outputs]
+scores_topic = "$1-scores"
+flags_topic = "$1-flags"
+dlq_topic = "$1-dlq"
+[metrics]
+listen = "$4"
+[kafka]
+brokers = "$6"
+group_id = "$2"
+input_topics = ["$1-votes"]
+topic_partitions = 4
+delivery = "$5"
+[kafka.properties]
+"session.timeout.ms" = "6000"
+"max.poll.interval.ms" = "6000"
+[state]
+dir = "$3"
+TOML
+}
+
+# preload BIN RUN INPUT DELIVERY BROKERS WORK: the service's topics first
+# (a 20 s start that creates them), then INPUT produced to RUN-votes. That
+# start uses a group and state of its own: with the measured group, its
+# idle flush would move the group's watermark to the wall clock, and the
+# measured run (restoring it) would reject every vote of the file as late.
+preload() {
+    service_config "$2" "$2-setup" "$6/state-$2-setup" 127.0.0.1:0 "$4" "$5" > "$6/$2-setup.toml"
+    timeout 20 "$1" run --config "$6/$2-setup.toml" > /dev/null 2>&1 || true
+    rm -rf "$6/state-$2-setup" "$6/$2-setup.toml"
+    "$1" produce --input "$3" --topic "$2-votes" --brokers "$5"
+}
