@@ -82,7 +82,7 @@ fn exactly_once_with_transactions_equals_replay() {
 }
 
 /// The last cycle of each input partition a's log says was committed
-/// ("cycle written", a debug line written after the commit succeeded).
+/// ("cycle committed", a debug line written after the commit succeeded).
 fn committed_cycles(log: &str) -> HashMap<i32, u64> {
     let field = |l: &str, name: &str| -> Option<u64> {
         l.split(&format!(" {name}="))
@@ -93,7 +93,7 @@ fn committed_cycles(log: &str) -> HashMap<i32, u64> {
             .ok()
     };
     let mut last = HashMap::new();
-    for l in log.lines().filter(|l| l.contains("cycle written")) {
+    for l in log.lines().filter(|l| l.contains("cycle committed")) {
         let p = field(l, "partition").unwrap_or_else(|| panic!("no partition= in: {l}"));
         let seq = field(l, "seq").unwrap_or_else(|| panic!("no seq= in: {l}"));
         last.insert(p as i32, seq);
@@ -133,7 +133,7 @@ fn a_fenced_producer_stops_the_instance_without_committing() {
     generate_votes(&input, 20_000, 23);
     let expected = replay(&setup.config, &input);
     setup.publish(&input);
-    // Debug level: a's log names every committed cycle ("cycle written").
+    // Debug level: a's log names every committed cycle ("cycle committed").
     let mut a = instance_with(
         &setup,
         "a",

@@ -231,10 +231,13 @@ impl Session {
         Ok(sealed)
     }
 
-    /// The changelog is durable: RocksDB follows, with the position.
+    /// The changelog is durable: RocksDB follows, with the position, on a
+    /// thread per partition while the poll loop goes on (the changelog, not
+    /// RocksDB, is what a restart restores from; see
+    /// [`Session::finish_writes`] for where the writes are waited for).
     fn apply_to_store(&mut self, sealed: &[Tp]) -> Result<()> {
         let acked = self.producer.context().acked();
-        let budget = self.cfg.cache_bytes() / self.parts.len().max(1);
+        let budget = self.cache_share();
         for tp in sealed {
             let pos = acked
                 .get(&(self.names.changelog(&tp.0), tp.1))
@@ -243,12 +246,11 @@ impl Session {
                 continue;
             };
             let records = std::mem::take(&mut part.pending);
-            let positions: Vec<(&str, i64)> = pos.map(|p| (CHANGELOG_POS, p)).into_iter().collect();
-            part.store.apply(&records, &positions)?;
-            part.engine.evict(budget);
             tracing::debug!(topic = %tp.0, partition = tp.1, seq = part.marker.seq,
                 next_offset = part.marker.next_offset, changelog_pos = ?pos,
-                records = records.len(), events = part.out.len(), "cycle written");
+                records = records.len(), events = part.out.len(), "cycle committed");
+            let positions = pos.map(|p| (CHANGELOG_POS, p)).into_iter().collect();
+            part.start_write(records, positions, budget)?;
             part.dirty = false;
             part.out_count = 0;
         }
@@ -317,6 +319,7 @@ impl Session {
     /// Writes the cycle marker of `tps` again with `delivered` set, to the
     /// changelog and then RocksDB.
     pub(super) fn write_delivered(&mut self, tps: &[Tp]) -> Result<()> {
+        self.finish_writes()?;
         let mut sealed = Vec::new();
         for tp in tps {
             let Some(part) = self.parts.get(tp) else {

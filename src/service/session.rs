@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::engine::{Engine, ScoreUpdate};
 use crate::input::DecodeOptions;
 use crate::output::Route;
-use crate::state::{Record, Store};
+use crate::state::{Record, Store, StoreError};
 use crate::telemetry::Metrics;
 use crate::time::Nanos;
 
@@ -45,6 +45,9 @@ pub struct Part {
     /// Whether the open cycle changed anything of this partition.
     pub dirty: bool,
     pub skip_logged: bool,
+    /// The last committed cycle's RocksDB write, on a thread of its own so
+    /// that the poll loop goes on meanwhile (see [`Part::finish_write`]).
+    pub writing: Option<std::thread::JoinHandle<std::result::Result<(), StoreError>>>,
 }
 
 impl Part {
@@ -62,7 +65,39 @@ impl Part {
             out_bytes: 0,
             dirty: false,
             skip_logged: false,
+            writing: None,
         }
+    }
+
+    /// Writes a committed cycle's `records` to RocksDB on a thread of its
+    /// own, after the write before it.
+    pub fn start_write(
+        &mut self,
+        records: Vec<Record>,
+        positions: Vec<(&'static str, i64)>,
+        budget: usize,
+    ) -> Result<()> {
+        self.finish_write(budget)?;
+        let store = self.store.clone();
+        let handle = std::thread::Builder::new()
+            .name("state-write".into())
+            .spawn(move || store.apply(&records, &positions))
+            .map_err(|e| ServiceError::internal(format!("cannot start a state write: {e}")))?;
+        self.writing = Some(handle);
+        Ok(())
+    }
+
+    /// Waits for the RocksDB write in flight, if any, then evicts the cache
+    /// down to `budget`: an entry may go only once its records are in
+    /// RocksDB, where a later vote reads it back.
+    pub fn finish_write(&mut self, budget: usize) -> Result<()> {
+        if let Some(handle) = self.writing.take() {
+            handle
+                .join()
+                .unwrap_or_else(|_| Err(panicked_write(&self.store)))?;
+            self.engine.evict(budget);
+        }
+        Ok(())
     }
 
     /// Forgets the open cycle's changelog records and events.
@@ -70,6 +105,28 @@ impl Part {
         self.pending.clear();
         self.out.clear();
         self.out_bytes = 0;
+    }
+}
+
+fn panicked_write(store: &Store) -> StoreError {
+    StoreError::Corrupt {
+        path: store.path().to_owned(),
+        key: Vec::new(),
+        why: "the thread writing a committed cycle panicked".into(),
+    }
+}
+
+impl Drop for Part {
+    /// A partition's database is never closed (or opened again) while a
+    /// write to it runs.
+    fn drop(&mut self) {
+        if let Some(handle) = self.writing.take() {
+            match handle.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!("state write failed: {e}"),
+                Err(_) => tracing::error!("{}", panicked_write(&self.store)),
+            }
+        }
     }
 }
 
@@ -209,7 +266,11 @@ impl Session {
             return Ok(());
         }
         let started = Instant::now();
-        let result = self.protocol.commit(self, consumer);
+        // The previous cycle's RocksDB writes land before this cycle's
+        // changelog: its sweep and reviewer reads must see them.
+        let result = self
+            .finish_writes()
+            .and_then(|()| self.protocol.commit(self, consumer));
         match result {
             Ok(()) => {
                 self.metrics
@@ -228,6 +289,20 @@ impl Session {
                 Err(e)
             }
         }
+    }
+
+    /// Waits for every partition's RocksDB write in flight (and evicts).
+    pub fn finish_writes(&mut self) -> Result<()> {
+        let budget = self.cache_share();
+        for part in self.parts.values_mut() {
+            part.finish_write(budget)?;
+        }
+        Ok(())
+    }
+
+    /// Each partition's share of `state.cache_mb`.
+    pub fn cache_share(&self) -> usize {
+        self.cfg.cache_bytes() / self.parts.len().max(1)
     }
 
     /// Before partitions are handed over or at shutdown.
@@ -337,6 +412,39 @@ mod tests {
         assert_eq!(revoke_timeout(Some("soon")), Duration::from_secs(30));
         // No overflow on absurd values.
         assert!(revoke_timeout(Some(&u64::MAX.to_string())) > Duration::from_secs(1));
+    }
+
+    /// A cycle's write runs off the caller's thread; waiting for it makes
+    /// it visible, and dropping the partition waits for it too, so the
+    /// directory can be opened again at once (RocksDB locks it while open).
+    #[test]
+    fn a_committed_write_lands_before_the_wait_and_before_the_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = crate::config::Config::load(None).unwrap().engine();
+        let part_at = |path: &std::path::Path| {
+            let store = Store::open(path).unwrap();
+            let (engine, _) = store.load(cfg.clone()).unwrap();
+            Part::new(store, engine, None)
+        };
+        let records = |n: u32| -> Vec<Record> {
+            (0..n)
+                .map(|i| (format!("c-test-{i:06}").into_bytes(), Some(vec![7; 64])))
+                .collect()
+        };
+        let mut part = part_at(dir.path());
+        part.start_write(records(20_000), vec![("test_pos", 5)], 1 << 20)
+            .unwrap();
+        part.finish_write(1 << 20).unwrap();
+        assert!(part.writing.is_none());
+        assert_eq!(part.store.position("test_pos").unwrap(), Some(5));
+        assert_eq!(part.store.get(b"c-test-019999").unwrap(), Some(vec![7; 64]));
+        // A second write, then the partition dropped with it in flight.
+        part.start_write(records(200_000), vec![("test_pos", 6)], 1 << 20)
+            .unwrap();
+        drop(part);
+        let again = Store::open(dir.path()).unwrap();
+        assert_eq!(again.position("test_pos").unwrap(), Some(6));
+        assert!(again.get(b"c-test-199999").unwrap().is_some());
     }
 
     #[test]
