@@ -223,6 +223,9 @@ fn session(
         if result.is_ok() && s.broken.is_none() {
             s.commit(&consumer)?;
             s.hand_over()?;
+            // The last cycle's RocksDB writes, so that a failed one ends
+            // the process with an error (and the flush below sees them).
+            s.finish_writes()?;
             for p in s.parts.values() {
                 let _ = p.store.flush();
             }
