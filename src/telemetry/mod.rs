@@ -220,7 +220,7 @@ impl Metrics {
         );
         let commit = histogram(
             COMMIT_DURATION,
-            "Duration of one commit cycle (transaction commit and state write).",
+            "Duration of one commit cycle: the wait for the previous cycle's state write, then changelog, events and offsets (the state write itself runs after it, off the poll loop).",
             SECONDS_BUCKETS,
         );
         let restore = histogram(
