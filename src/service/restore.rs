@@ -85,6 +85,9 @@ pub fn restore_partitions(
             open_batches = stats.batches,
             series = stats.series,
             next_offset = marker.as_ref().map_or(-1, |m| m.next_offset),
+            // Outbox mode: a last cycle with events not marked delivered,
+            // which `Session::adopt` completes.
+            in_doubt = marker.as_ref().is_some_and(|m| !m.delivered && m.outbox_chunks > 0),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "partition state restored"
         );
