@@ -214,6 +214,7 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
         evictions: 0,
         load_time: Duration::ZERO,
         wait_time: Duration::ZERO,
+        keys_read: 0,
     };
     let summary = process_lines(
         BufReader::with_capacity(1 << 20, file),
@@ -225,7 +226,8 @@ pub fn run(cfg: &Config, opts: &ReplayOptions<'_>, out: impl Write) -> Result<Re
     tracing::debug!(
         load_ms = shell.load_time.as_millis() as u64,
         wait_ms = shell.wait_time.as_millis() as u64,
-        "replay: time waiting for the state store (reads; its writer thread)"
+        keys_read = shell.keys_read,
+        "replay: time waiting for the state store (reads; its writer thread), keys read"
     );
     let mut updates = Vec::new();
     if !opts.keep_open {
@@ -332,6 +334,8 @@ struct Shell<'a> {
     /// waiting for its writer (debug log).
     load_time: Duration,
     wait_time: Duration,
+    /// Series and identity keys read from the store (debug log).
+    keys_read: usize,
 }
 
 /// The store's reader and writer threads.
@@ -426,6 +430,8 @@ impl Shell<'_> {
     fn load(&mut self, workers: &mut Workers, chunk: &Chunk, wants: &mut Vec<Wants>) -> Result<()> {
         if let Some(asked) = workers.read_asked.take() {
             let loaded = workers.loaded.recv().map_err(|_| stopped("reader"))??;
+            // Counted even when dropped: the read was made.
+            self.keys_read += loaded.keys_read;
             if asked == self.evictions {
                 loaded.provide(self.engine);
                 return Ok(());
@@ -436,7 +442,7 @@ impl Shell<'_> {
             return Ok(());
         }
         let started = Instant::now();
-        self.store.provide(self.engine, wants)?;
+        self.keys_read += self.store.provide(self.engine, wants)?;
         self.load_time += started.elapsed();
         Ok(())
     }
@@ -589,6 +595,7 @@ pub(crate) fn run_detached<C: Borrow<Chunk>, K: Sink>(
         evictions: 0,
         load_time: Duration::ZERO,
         wait_time: Duration::ZERO,
+        keys_read: 0,
     };
     let summary = drive(chunks, &mut shell, sink, None)?;
     let mut updates = Vec::new();

@@ -31,6 +31,13 @@ pub(super) struct SeriesEntry {
     pub dirty: bool,
     /// Tick of the last use (least recently used goes first).
     pub used: u64,
+    /// The tick at which this series was created here, with nothing stored
+    /// (0 if it was read from the store). A vote identity implies its
+    /// series (an accepted vote creates the series in the same step, and
+    /// both are written in the same cycle), so until an eviction of
+    /// identities reaches this tick every identity of the series is in
+    /// the cache, and a miss there needs no store read.
+    pub born: u64,
 }
 
 /// A cached vote identity.
@@ -139,9 +146,11 @@ impl Engine {
             voter_prompt_id: vote.voter_prompt_id.clone(),
         };
         let identity = vote_identity(vote);
+        let series = self.series.get(&key);
+        let all_cached = series.is_some_and(|e| e.born > self.identity_cut);
         Wants {
-            series: (!self.series.contains_key(&key)).then_some(key),
-            identity: (!self.dedupe.contains_key(&identity)).then_some(identity),
+            identity: (!all_cached && !self.dedupe.contains_key(&identity)).then_some(identity),
+            series: series.is_none().then_some(key),
         }
     }
 
@@ -160,6 +169,7 @@ impl Engine {
                 pins: 0,
                 dirty: false,
                 used: self.tick,
+                born: 0,
             },
         );
     }
@@ -249,6 +259,9 @@ impl Engine {
         });
         let before = self.dedupe.len();
         self.dedupe.retain(|_, e| e.dirty || e.used > cut);
+        if self.dedupe.len() < before {
+            self.identity_cut = self.identity_cut.max(cut);
+        }
         freed += (before - self.dedupe.len()) * IDENTITY_BYTES;
         self.reviewers.retain(|(_, voter), e| {
             let keep = !e.delta.is_zero() || e.used > cut;
@@ -324,6 +337,7 @@ impl Engine {
                         pins: 0,
                         dirty: false,
                         used: tick,
+                        born: tick,
                     },
                 );
                 true

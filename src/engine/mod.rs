@@ -394,6 +394,9 @@ pub struct Engine {
     cache_bytes: usize,
     /// Use counter for least-recently-used eviction.
     tick: u64,
+    /// The highest `used` tick of an identity evicted so far (see
+    /// `SeriesEntry::born`).
+    identity_cut: u64,
     /// The cache holds every series and identity of the partition (a new
     /// partition before its first eviction): nothing needs loading.
     complete: bool,
@@ -425,6 +428,7 @@ impl Engine {
             dirty_reviewers: Vec::new(),
             cache_bytes: 0,
             tick: 0,
+            identity_cut: 0,
             complete: true,
             counters: Counters::default(),
         }

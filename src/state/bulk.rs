@@ -4,20 +4,48 @@
 
 use rocksdb::{WriteBatch, WriteOptions};
 
-use super::{encode_change, position_key, Store, StoreError, INCOMPLETE};
+use super::{encode_change, position_key, put_all, sort_puts, Put, Store, StoreError, INCOMPLETE};
 use crate::engine::Engine;
 use crate::time::Nanos;
 
 /// Records per write batch of a bulk write.
 const BULK_CHUNK: usize = 50_000;
 
-/// A bulk write prepared by [`Store::prepare_bulk`].
+/// A bulk write prepared by [`Store::prepare_bulk`]: the records in one
+/// flat buffer, so that the thread that writes them frees one allocation,
+/// not one per key and value.
 pub struct BulkWrite {
     /// Sweep identities before this vote time first.
     horizon: Option<Nanos>,
-    batches: Vec<WriteBatch>,
-    /// The earliest identity index entry of `batches`.
-    earliest: Option<Vec<u8>>,
+    bytes: Vec<u8>,
+    /// Per record: where its key ends in `bytes`, and where its value (if
+    /// it is not a delete) ends; each starts where the one before ends.
+    ends: Vec<(usize, Option<usize>)>,
+}
+
+impl BulkWrite {
+    fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
+        self.bytes.extend_from_slice(key);
+        let key_end = self.bytes.len();
+        let value_end = value.map(|v| {
+            self.bytes.extend_from_slice(v);
+            self.bytes.len()
+        });
+        self.ends.push((key_end, value_end));
+    }
+
+    /// The records as (key, value) slices, in the order written.
+    fn puts(&self) -> Vec<Put<'_>> {
+        let mut start = 0;
+        self.ends
+            .iter()
+            .map(|&(key_end, value_end)| {
+                let key = &self.bytes[start..key_end];
+                start = value_end.unwrap_or(key_end);
+                (key, value_end.map(|end| &self.bytes[key_end..end]))
+            })
+            .collect()
+    }
 }
 
 impl Store {
@@ -38,45 +66,38 @@ impl Store {
     }
 
     /// The first half of [`Store::write_bulk`]: drains the engine's changes
-    /// into write batches. The engine's entries are clean afterwards but
+    /// into a [`BulkWrite`]. The engine's entries are clean afterwards but
     /// must not be evicted before [`Store::write_prepared`] has returned
     /// (replay runs that half on another thread meanwhile).
     pub fn prepare_bulk(&self, engine: &mut Engine, sweep: bool) -> Result<BulkWrite, StoreError> {
         let mut bulk = BulkWrite {
             horizon: engine.identity_horizon().filter(|_| sweep),
-            batches: Vec::new(),
-            earliest: None,
+            bytes: Vec::new(),
+            ends: Vec::new(),
         };
-        let mut wb = WriteBatch::default();
-        let mut err = None;
         let mut records = Vec::with_capacity(2);
+        let mut err = None;
         self.provide_reviewers(engine)?;
         engine.drain_changes(|c| {
-            if err.is_some() {
-                return;
-            }
             records.clear();
             encode_change(c, &mut records);
-            match self.batch_records(&mut wb, &records) {
-                Err(e) => err = Some(e),
-                Ok(Some(t)) if bulk.earliest.as_ref().is_none_or(|e| t < *e) => {
-                    bulk.earliest = Some(t)
+            for (key, value) in &records {
+                bulk.push(key, value.as_deref());
+                match value.as_deref().map(|v| self.index_entry(key, v)) {
+                    Some(Ok(Some(t))) => bulk.push(&t, Some(&[])),
+                    Some(Err(e)) => err = Some(e),
+                    _ => {}
                 }
-                Ok(_) => {}
-            }
-            if wb.len() >= BULK_CHUNK {
-                bulk.batches.push(std::mem::take(&mut wb));
             }
         });
-        if let Some(e) = err {
-            return Err(e);
+        match err {
+            Some(e) => Err(e),
+            None => Ok(bulk),
         }
-        bulk.batches.push(wb);
-        Ok(bulk)
     }
 
     /// The second half of [`Store::write_bulk`]: the sweep, then the
-    /// prepared batches, in order.
+    /// prepared records, in key order.
     pub fn write_prepared(&self, bulk: BulkWrite) -> Result<(), StoreError> {
         let mut no_wal = WriteOptions::default();
         no_wal.disable_wal(true);
@@ -92,17 +113,25 @@ impl Store {
                 if swept.is_empty() {
                     break;
                 }
+                let puts: Vec<Put<'_>> =
+                    swept.iter().map(|(k, v)| (&k[..], v.as_deref())).collect();
                 let mut wb = WriteBatch::default();
-                self.batch_records(&mut wb, &swept)?;
+                put_all(&mut wb, &puts);
                 self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
             }
         }
-        let mut batches = bulk.batches;
-        let last = batches.pop().unwrap_or_default();
-        for wb in batches {
+        let mut puts = bulk.puts();
+        let earliest = sort_puts(&mut puts);
+        let mut chunks = puts.chunks(BULK_CHUNK).peekable();
+        while let Some(chunk) = chunks.next() {
+            let mut wb = WriteBatch::default();
+            put_all(&mut wb, chunk);
+            if chunks.peek().is_none() {
+                return self.write_lowering(wb, earliest, opts);
+            }
             self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
         }
-        self.write_lowering(last, bulk.earliest, opts)
+        self.write_lowering(WriteBatch::default(), earliest, opts)
     }
 
     /// Ends a bulk write with the engine's remaining changes (and the

@@ -188,6 +188,31 @@ fn enc<T: serde::Serialize>(v: &T) -> Vec<u8> {
 }
 
 /// The records of one change, appended to `out`.
+/// A record to write: key, and value (`None`: a delete).
+type Put<'a> = (&'a [u8], Option<&'a [u8]>);
+
+/// Sorts `puts` by key (stable: of a key written twice the last write
+/// wins) and returns the earliest identity index entry put (a `t` key;
+/// for [`Store::write_lowering`]). RocksDB's memtable inserts a run of
+/// ascending keys next to one another instead of each from the top of its
+/// skip list: with the identities' random keys, that was most of the cost
+/// of a write.
+fn sort_puts(puts: &mut [Put<'_>]) -> Option<Vec<u8>> {
+    puts.sort_by(|a, b| a.0.cmp(b.0));
+    puts.iter()
+        .find(|(k, v)| k.first() == Some(&b't') && v.is_some())
+        .map(|(k, _)| k.to_vec())
+}
+
+fn put_all(wb: &mut WriteBatch, puts: &[Put<'_>]) {
+    for &(k, v) in puts {
+        match v {
+            Some(v) => wb.put(k, v),
+            None => wb.delete(k),
+        }
+    }
+}
+
 fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
     let record = match c {
         Change::Series(k, s) => (series_key_bytes(k), Some(enc(s))),
@@ -267,6 +292,8 @@ pub struct RestoreStats {
 pub struct Loaded {
     series: Vec<(SeriesKey, Option<SeriesState>)>,
     identities: Vec<(u128, Option<Nanos>)>,
+    /// Keys looked up in RocksDB (series and identities).
+    pub keys_read: usize,
 }
 
 impl Loaded {
@@ -674,39 +701,37 @@ impl Store {
     /// Writes `records` and the `positions` in one atomic batch (with the
     /// local `t` index entry of every identity put).
     pub fn apply(&self, records: &[Record], positions: &[(&str, i64)]) -> Result<(), StoreError> {
+        let mut index = Vec::new();
+        for (k, v) in records {
+            if let Some(t) = v.as_deref().map(|v| self.index_entry(k, v)).transpose()? {
+                index.extend(t);
+            }
+        }
+        let mut all: Vec<Put<'_>> = records
+            .iter()
+            .map(|(k, v)| (&k[..], v.as_deref()))
+            .chain(index.iter().map(|t| (&t[..], Some(&[][..]))))
+            .collect();
+        let earliest = sort_puts(&mut all);
         let mut wb = WriteBatch::default();
-        let earliest = self.batch_records(&mut wb, records)?;
+        put_all(&mut wb, &all);
         for (name, value) in positions {
             wb.put(position_key(name), value.to_le_bytes());
         }
         self.write_lowering(wb, earliest, &WriteOptions::default())
     }
 
-    /// Adds `records` to `wb` with the `t` index entry of every identity
-    /// put, and returns the earliest such entry (for
-    /// [`Store::write_lowering`]).
-    fn batch_records(
-        &self,
-        wb: &mut WriteBatch,
-        records: &[Record],
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        let mut earliest: Option<Vec<u8>> = None;
-        for (k, v) in records {
-            match v {
-                Some(v) => {
-                    wb.put(k, v);
-                    if self.time_index && k.first() == Some(&b'd') {
-                        let t = time_index_key(self.identity_time(k, v)?, &k[1..]);
-                        wb.put(&t, []);
-                        if earliest.as_ref().is_none_or(|e| t < *e) {
-                            earliest = Some(t);
-                        }
-                    }
-                }
-                None => wb.delete(k),
-            }
+    /// The `t` index entry that goes with a put of `key`, if it is an
+    /// identity (and this store keeps the index).
+    fn index_entry(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        if self.time_index && key.first() == Some(&b'd') {
+            Ok(Some(time_index_key(
+                self.identity_time(key, value)?,
+                &key[1..],
+            )))
+        } else {
+            Ok(None)
         }
-        Ok(earliest)
     }
 
     /// Writes `wb`; an index entry in it before the sweep's start (`earliest`,
@@ -814,26 +839,47 @@ impl Store {
     /// Hands the engine what `wants` name, read from the store (one
     /// multi-get per kind). Keys are deduplicated by the caller or not: a
     /// second provide of the same key is ignored.
-    pub fn provide(&self, engine: &mut Engine, wants: &[Wants]) -> Result<(), StoreError> {
-        self.read(wants)?.provide(engine);
-        Ok(())
+    pub fn provide(&self, engine: &mut Engine, wants: &[Wants]) -> Result<usize, StoreError> {
+        let loaded = self.read(wants)?;
+        let keys = loaded.keys_read;
+        loaded.provide(engine);
+        Ok(keys)
     }
 
     /// What `wants` name, read from the store (see [`Loaded::provide`]).
+    /// Series first, each once: the identity of a vote whose series the
+    /// store lacks is not read, since a stored identity implies its stored
+    /// series (an accepted vote creates its series, and a cycle writes
+    /// both) and the shell asks only for series the cache lacks.
     pub fn read(&self, wants: &[Wants]) -> Result<Loaded, StoreError> {
         let mut loaded = Loaded::default();
-        let series: Vec<&SeriesKey> = wants.iter().filter_map(|w| w.series.as_ref()).collect();
+        let mut unique = rustc_hash::FxHashSet::default();
+        let series: Vec<&SeriesKey> = wants
+            .iter()
+            .filter_map(|w| w.series.as_ref())
+            .filter(|k| unique.insert(*k))
+            .collect();
         let keys: Vec<Vec<u8>> = series.iter().map(|k| series_key_bytes(k)).collect();
+        let mut absent = rustc_hash::FxHashSet::default();
         self.multi_get(&keys, |i, v| {
-            let state = match v {
-                Some(v) => Some(decode_series(v).map_err(|e| self.corrupt(&keys[i], e))?),
-                None => None,
-            };
-            loaded.series.push((series[i].clone(), state));
+            match v {
+                Some(v) => {
+                    let state = decode_series(v).map_err(|e| self.corrupt(&keys[i], e))?;
+                    loaded.series.push((series[i].clone(), Some(state)));
+                }
+                None => {
+                    absent.insert(series[i]);
+                }
+            }
             Ok(())
         })?;
-        let ids: Vec<u128> = wants.iter().filter_map(|w| w.identity).collect();
+        let ids: Vec<u128> = wants
+            .iter()
+            .filter(|w| !w.series.as_ref().is_some_and(|k| absent.contains(k)))
+            .filter_map(|w| w.identity)
+            .collect();
         let keys: Vec<Vec<u8>> = ids.iter().map(|&id| identity_key(id)).collect();
+        loaded.keys_read = series.len() + keys.len();
         self.multi_get(&keys, |i, v| {
             let at = v.map(|v| self.identity_time(&keys[i], v)).transpose()?;
             loaded.identities.push((ids[i], at));

@@ -141,6 +141,68 @@ fn load_reads_open_batches_and_their_series_only() {
     assert_eq!(engine.wants(&v), Wants::default());
 }
 
+/// A series created here, with nothing stored, has all its identities in
+/// the cache until an eviction of identities reaches it: a new vote on it
+/// needs no store read, but once one of its identities was evicted, a
+/// repeat is read back (and found a duplicate). A series the store lacks
+/// means its identities are not read either.
+#[test]
+fn identities_of_a_series_born_here_are_read_only_after_an_eviction() {
+    let cfg = crate::config::Config::load(None).unwrap().engine();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let (mut engine, _) = store.load(cfg).unwrap();
+    let opts = crate::config::Config::load(None).unwrap().decode_options();
+    let vote = |id: &str, inf: &str| {
+        let line = format!(
+            r#"{{"vote_id":"{id}","inference_id":"{inf}","voter_id":"v{id}","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:00:00Z"}}"#
+        );
+        crate::input::decode_vote(line.as_bytes(), &opts).unwrap()
+    };
+    let mut out = Vec::new();
+    let process = |engine: &mut Engine, v: &crate::input::Vote, out: &mut Vec<_>| {
+        let wants = engine.wants(v);
+        store.provide(engine, std::slice::from_ref(&wants)).unwrap();
+        (wants, engine.process(v, out))
+    };
+    // A first eviction, so the cache is no longer the whole partition.
+    let (_, o) = process(&mut engine, &vote("0", "old"), &mut out);
+    assert!(matches!(o, crate::engine::Outcome::Accepted));
+    store.write_bulk(&mut engine, true).unwrap();
+    engine.evict(0);
+    assert!(!engine.is_complete());
+    // "a" is new: its series and identity are wanted, and the store's lack
+    // of the series answers both.
+    let (wants, o) = process(&mut engine, &vote("1", "a"), &mut out);
+    assert!(wants.series.is_some() && wants.identity.is_some());
+    assert!(matches!(o, crate::engine::Outcome::Accepted));
+    assert_eq!(
+        store
+            .read(std::slice::from_ref(&engine.wants(&vote("1", "b"))))
+            .unwrap()
+            .identities
+            .len(),
+        0,
+        "no identity read for a series the store lacks"
+    );
+    // A second vote on "a": the cache answers.
+    let (wants, o) = process(&mut engine, &vote("2", "a"), &mut out);
+    assert_eq!(wants, Wants::default());
+    assert!(matches!(o, crate::engine::Outcome::Accepted));
+    // Written and evicted: the open batch keeps "a" cached, its identities go.
+    store.write_bulk(&mut engine, true).unwrap();
+    engine.evict(0);
+    let (wants, o) = process(&mut engine, &vote("1", "a"), &mut out);
+    assert!(wants.series.is_none() && wants.identity.is_some());
+    assert!(
+        matches!(o, crate::engine::Outcome::Duplicate),
+        "a repeat after eviction is a duplicate"
+    );
+    let (wants, o) = process(&mut engine, &vote("3", "a"), &mut out);
+    assert!(wants.identity.is_some());
+    assert!(matches!(o, crate::engine::Outcome::Accepted));
+}
+
 /// Series records of every earlier layout still decode (postcard is not
 /// self-describing; `decode_series` tries the newest layout first).
 #[test]
