@@ -180,6 +180,13 @@ pub fn format_timestamp(t: Nanos) -> String {
 
 /// Appends [`format_timestamp`] of `t` to `out`.
 pub fn write_timestamp(out: &mut String, t: Nanos) {
+    let (buf, n) = timestamp_bytes(t);
+    out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or("invalid"));
+}
+
+/// [`format_timestamp`] of `t` in a buffer on the stack: its first `n`
+/// bytes (ASCII).
+pub fn timestamp_bytes(t: Nanos) -> ([u8; 40], usize) {
     let secs = t.div_euclid(NANOS_PER_SEC);
     let nanos = t.rem_euclid(NANOS_PER_SEC) as u32;
     let days = secs.div_euclid(86_400) as i64;
@@ -228,7 +235,7 @@ pub fn write_timestamp(out: &mut String, t: Nanos) {
         }
     }
     push(b'Z');
-    out.push_str(std::str::from_utf8(&buf[..n]).unwrap_or("invalid"));
+    (buf, n)
 }
 
 /// The wall clock as nanoseconds since the epoch: the one clock read of
