@@ -237,7 +237,8 @@ fn main() {
     let started = Instant::now();
     let mut logged = started;
     let mut kinds: BTreeMap<u8, (u64, u64)> = BTreeMap::new();
-    let (mut records, mut bytes, mut skipped, mut in_cycle, mut seq) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut records, mut bytes, mut skipped, mut in_cycle, mut seq) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     let seal = |seq: &mut u64, records: &mut u64, bytes: &mut u64| {
         *seq += 1;
         let m = encode_value(&CycleMarker {
@@ -298,7 +299,10 @@ fn main() {
     }
     let secs = started.elapsed().as_secs_f64();
     let ctx = producer.context();
-    let (ok, failed) = (ctx.ok.load(Ordering::Relaxed), ctx.failed.load(Ordering::Relaxed));
+    let (ok, failed) = (
+        ctx.ok.load(Ordering::Relaxed),
+        ctx.failed.load(Ordering::Relaxed),
+    );
     for (k, (n, b)) in &kinds {
         println!("kind {}: {n} records, {b} bytes", *k as char);
     }
