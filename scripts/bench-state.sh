@@ -32,7 +32,8 @@
 # JURYSTREAM_BIN=PATH measures that binary instead of building one;
 # CACHE_MB sets state.cache_mb (default: the configuration's default, 64);
 # REUSE_STATE=1 skips steps 1 to 3 when the state of an earlier run exists
-# (the history file is then not needed).
+# (the history file is then not needed); PIPE_HISTORY=1 writes no history
+# file (replays the generator's output through a pipe; no step 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000000}"
@@ -42,7 +43,9 @@ HIST="$WORK/history-$N.jsonl"
 STATE="$WORK/state-$N"
 REUSE=0
 [ "${REUSE_STATE:-0}" = 1 ] && [ -d "$STATE" ] && REUSE=1
-[ "$REUSE" = 1 ] || [ -f "$HIST" ] || python3 scripts/gen-history.py --inferences "$N" --out "$HIST"
+PIPE="${PIPE_HISTORY:-0}"
+[ "$REUSE" = 1 ] || [ "$PIPE" = 1 ] || [ -f "$HIST" ] \
+    || python3 scripts/gen-history.py --inferences "$N" --out "$HIST"
 TARGET="${CARGO_TARGET_DIR:-target}"
 BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
 [ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
@@ -62,11 +65,20 @@ if [ "$REUSE" = 1 ]; then
     echo "reusing $STATE"
 else
 rm -rf "$STATE"
-cat "$HIST" > /dev/null # page cache
-echo "history: $(wc -l < "$HIST") votes, $N inferences ($HIST)"
-measure "replay --state-dir" "$BIN" replay --config "$CONFIG" --input "$HIST" --state-dir "$STATE"
+if [ "$PIPE" = 1 ]; then
+    # No history file (a 10 M history is 5.6 GB): generated into the replay
+    # through a pipe (the replay's time then includes sharing the CPU with
+    # the generator), and step 3 is skipped (it needs the file).
+    echo "history: $N inferences, generated through a pipe"
+    measure "replay --state-dir (pipe)" "$BIN" replay --config "$CONFIG" \
+        --input <(python3 scripts/gen-history.py --inferences "$N") --state-dir "$STATE"
+else
+    cat "$HIST" > /dev/null # page cache
+    echo "history: $(wc -l < "$HIST") votes, $N inferences ($HIST)"
+    measure "replay --state-dir" "$BIN" replay --config "$CONFIG" --input "$HIST" --state-dir "$STATE"
+fi
 echo "state size: $(du -sh "$STATE" | cut -f1)"
-for i in 1 2 3; do
+[ "$PIPE" = 1 ] || for i in 1 2 3; do
     python3 scripts/gen-history.py --after "$HIST" --out "$WORK/one.jsonl"
     # a new inference each time (the id is fixed; use the run number)
     sed -i "s/inf-99999999/inf-9999999$i/; s/v-999999999/v-99999999$i/" "$WORK/one.jsonl"
