@@ -35,28 +35,10 @@ use std::time::{Duration, Instant};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
-use serde::Serialize;
 
 use jurystream::config::Config;
-use jurystream::output::Route;
-use jurystream::service::{client_config, Names};
+use jurystream::service::{client_config, CycleMarker, Names, CYCLE_KEY};
 use jurystream::state::encode_value;
-
-/// The cycle marker as `jurystream::service::changelog::CycleMarker`
-/// serialises it (that module is private): the same fields, in the same
-/// order, encoded with the state's `encode_value`. A marker the service
-/// could not decode fails its restore (`read_marker`), so a run checks it.
-#[derive(Serialize)]
-struct CycleMarker {
-    seq: u64,
-    next_offset: i64,
-    outbox_chunks: u32,
-    delivered: bool,
-    floors: Vec<(Route, i32, i64)>,
-}
-
-/// `jurystream::service::changelog::CYCLE_KEY`.
-const CYCLE_KEY: &[u8] = b"c";
 
 /// Key kinds that never go to a changelog: the local time index, shell
 /// positions, and the service's own marker and outbox.
@@ -244,9 +226,7 @@ fn main() {
         let m = encode_value(&CycleMarker {
             seq: *seq,
             next_offset: a.next_offset,
-            outbox_chunks: 0,
-            delivered: true,
-            floors: Vec::new(),
+            ..CycleMarker::initial()
         });
         send(&producer, &topic, a.partition, CYCLE_KEY, Some(&m));
         *records += 1;

@@ -27,6 +27,7 @@ mod run;
 mod session;
 mod topics;
 
+pub use changelog::{CycleMarker, CYCLE_KEY};
 pub use client::{client_config, Names, ORIGIN_HEADER};
 pub use error::{Fault, ServiceError};
 pub use run::run;
