@@ -8,41 +8,63 @@ use super::{encode_change, position_key, put_all, sort_puts, Put, Store, StoreEr
 use crate::engine::Engine;
 use crate::time::Nanos;
 
-/// Records per write batch of a bulk write.
+/// Records per write batch of a bulk write, and bytes at most.
 const BULK_CHUNK: usize = 50_000;
+const CHUNK_BYTES: usize = 32 << 20;
 
-/// A bulk write prepared by [`Store::prepare_bulk`]: the records in one
-/// flat buffer, so that the thread that writes them frees one allocation,
-/// not one per key and value.
+/// A bulk write prepared by [`Store::prepare_bulk`].
 pub struct BulkWrite {
     /// Sweep identities before this vote time first.
     horizon: Option<Nanos>,
-    bytes: Vec<u8>,
-    /// Per record: where its key ends in `bytes`, and where its value (if
-    /// it is not a delete) ends; each starts where the one before ends.
-    ends: Vec<(usize, Option<usize>)>,
+    chunks: Vec<Chunk>,
 }
+
+/// One write batch of a bulk write, its records in a flat buffer (the
+/// thread that writes them frees one allocation, not one per key and
+/// value); sorted by key only when written, so what a bulk holds beyond
+/// its bytes is 8 per record.
+#[derive(Default)]
+struct Chunk {
+    bytes: Vec<u8>,
+    /// Per record: its key's and its value's length (`DELETE`: none);
+    /// records follow one another in `bytes`.
+    lens: Vec<(u32, u32)>,
+}
+
+const DELETE: u32 = u32::MAX;
 
 impl BulkWrite {
     fn push(&mut self, key: &[u8], value: Option<&[u8]>) {
-        self.bytes.extend_from_slice(key);
-        let key_end = self.bytes.len();
-        let value_end = value.map(|v| {
-            self.bytes.extend_from_slice(v);
-            self.bytes.len()
-        });
-        self.ends.push((key_end, value_end));
+        let chunk = match self.chunks.last_mut() {
+            Some(c) if c.lens.len() < BULK_CHUNK && c.bytes.len() < CHUNK_BYTES => c,
+            _ => {
+                self.chunks.push(Chunk::default());
+                self.chunks.last_mut().expect("just pushed")
+            }
+        };
+        chunk.bytes.extend_from_slice(key);
+        chunk.bytes.extend_from_slice(value.unwrap_or_default());
+        // Keys and values are far below 4 GiB (a value is one record).
+        chunk
+            .lens
+            .push((key.len() as u32, value.map_or(DELETE, |v| v.len() as u32)));
     }
+}
 
-    /// The records as (key, value) slices, in the order written.
+impl Chunk {
+    /// The records as (key, value) slices, in the order pushed.
     fn puts(&self) -> Vec<Put<'_>> {
-        let mut start = 0;
-        self.ends
+        let mut at = 0;
+        self.lens
             .iter()
-            .map(|&(key_end, value_end)| {
-                let key = &self.bytes[start..key_end];
-                start = value_end.unwrap_or(key_end);
-                (key, value_end.map(|end| &self.bytes[key_end..end]))
+            .map(|&(k, v)| {
+                let key = &self.bytes[at..at + k as usize];
+                at += k as usize;
+                let value = (v != DELETE).then(|| {
+                    at += v as usize;
+                    &self.bytes[at - v as usize..at]
+                });
+                (key, value)
             })
             .collect()
     }
@@ -72,8 +94,7 @@ impl Store {
     pub fn prepare_bulk(&self, engine: &mut Engine, sweep: bool) -> Result<BulkWrite, StoreError> {
         let mut bulk = BulkWrite {
             horizon: engine.identity_horizon().filter(|_| sweep),
-            bytes: Vec::new(),
-            ends: Vec::new(),
+            chunks: Vec::new(),
         };
         let mut records = Vec::with_capacity(2);
         let mut err = None;
@@ -120,12 +141,19 @@ impl Store {
                 self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
             }
         }
-        let mut puts = bulk.puts();
-        let earliest = sort_puts(&mut puts);
-        let mut chunks = puts.chunks(BULK_CHUNK).peekable();
+        // Each chunk in key order; the earliest index entry of all lowers
+        // the sweep's start in the last write.
+        let mut earliest: Option<Vec<u8>> = None;
+        let mut chunks = bulk.chunks.iter().peekable();
         while let Some(chunk) = chunks.next() {
+            let mut puts = chunk.puts();
+            if let Some(t) = sort_puts(&mut puts) {
+                if earliest.as_ref().is_none_or(|e| t < *e) {
+                    earliest = Some(t);
+                }
+            }
             let mut wb = WriteBatch::default();
-            put_all(&mut wb, chunk);
+            put_all(&mut wb, &puts);
             if chunks.peek().is_none() {
                 return self.write_lowering(wb, earliest, opts);
             }
