@@ -141,10 +141,10 @@ impl Store {
                 self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
             }
         }
-        // Each chunk in key order; the earliest index entry of all lowers
-        // the sweep's start in the last write.
+        // Each chunk in key order, freed once written; the earliest index
+        // entry of all lowers the sweep's start in the last write.
         let mut earliest: Option<Vec<u8>> = None;
-        let mut chunks = bulk.chunks.iter().peekable();
+        let mut chunks = bulk.chunks.into_iter().peekable();
         while let Some(chunk) = chunks.next() {
             let mut puts = chunk.puts();
             if let Some(t) = sort_puts(&mut puts) {
