@@ -187,7 +187,6 @@ fn enc<T: serde::Serialize>(v: &T) -> Vec<u8> {
     postcard::to_allocvec(v).unwrap_or_default()
 }
 
-/// The records of one change, appended to `out`.
 /// A record to write: key, and value (`None`: a delete).
 type Put<'a> = (&'a [u8], Option<&'a [u8]>);
 
@@ -213,6 +212,7 @@ fn put_all(wb: &mut WriteBatch, puts: &[Put<'_>]) {
     }
 }
 
+/// The records of one change, appended to `out`.
 fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
     let record = match c {
         Change::Series(k, s) => (series_key_bytes(k), Some(enc(s))),
@@ -838,7 +838,8 @@ impl Store {
 
     /// Hands the engine what `wants` name, read from the store (one
     /// multi-get per kind). Keys are deduplicated by the caller or not: a
-    /// second provide of the same key is ignored.
+    /// second provide of the same key is ignored. Returns how many keys
+    /// were looked up in RocksDB.
     pub fn provide(&self, engine: &mut Engine, wants: &[Wants]) -> Result<usize, StoreError> {
         let loaded = self.read(wants)?;
         let keys = loaded.keys_read;
