@@ -297,8 +297,7 @@ pub(super) struct ReviewerEntry {
 /// Approximate memory of a cached reviewer: its slot and the voter id's
 /// heap block (the rubric's is shared with the series).
 pub(super) fn reviewer_bytes(voter_id: &str) -> usize {
-    super::cache::slot(std::mem::size_of::<ReviewerKey>() + std::mem::size_of::<ReviewerEntry>())
-        + super::cache::block(16 + voter_id.len())
+    super::cache::slot::<(ReviewerKey, ReviewerEntry)>() + super::cache::block(16 + voter_id.len())
 }
 
 impl Engine {

@@ -50,13 +50,13 @@ pub(super) struct IdentityEntry {
 }
 
 /// A hash table slot costs its size plus a control byte, divided by the
-/// load factor, which is 7/16 right after the table doubles: counting
-/// that worst case keeps a table's memory within the budget at any load,
-/// so tables keep their capacity after an eviction instead of shrinking
-/// and growing again (each a rehash of every entry, with both tables
-/// alive meanwhile).
-pub(super) const fn slot(bytes: usize) -> usize {
-    (bytes + 1) * 16 / 7
+/// load factor, which is 7/16 right after the table doubles and at least
+/// that otherwise (a table only grows by doubling, and [`Engine::evict`]
+/// shrinks one that eviction left below it): counting that worst case
+/// keeps a table's memory within the budget at any load. `T` is the
+/// table's (key, value) pair, whose size includes alignment padding.
+pub(super) const fn slot<T>() -> usize {
+    (std::mem::size_of::<T>() + 1) * 16 / 7
 }
 
 /// A heap block: the allocator's header and rounding to 16 bytes.
@@ -65,14 +65,15 @@ pub(super) const fn block(bytes: usize) -> usize {
 }
 
 /// Approximate memory of a cached identity: its hash table slot.
-pub(super) const IDENTITY_BYTES: usize = slot(16 + std::mem::size_of::<IdentityEntry>());
+pub(super) const IDENTITY_BYTES: usize = slot::<(u128, IdentityEntry)>();
 
-/// Approximate memory of a cached series: its slot and the heap blocks of
-/// the key's two strings (shared with open batches, counted here) and of
-/// the model id.
+/// Approximate memory of a cached series: its slot, its entry's heap
+/// block, and the heap blocks of the key's two strings (shared with open
+/// batches, counted here) and of the model id.
 pub(super) fn series_bytes(inference_id: &str, voter_prompt_id: &str, s: &SeriesState) -> usize {
     const ARC_HEADER: usize = 16;
-    slot(std::mem::size_of::<SeriesKey>() + std::mem::size_of::<SeriesEntry>())
+    slot::<(SeriesKey, Box<SeriesEntry>)>()
+        + block(std::mem::size_of::<SeriesEntry>())
         + block(ARC_HEADER + inference_id.len())
         + block(ARC_HEADER + voter_prompt_id.len())
         + s.model_id.as_ref().map_or(0, |m| block(m.len()))
@@ -94,9 +95,13 @@ pub(super) fn voter_bytes(key: &SeriesKey, voter: &str) -> usize {
         + voter.len()
 }
 
+/// Shrinks a table that eviction left below the load [`slot`] counts
+/// (7/16 of its slots, half its capacity), so that its memory stays within
+/// what its entries are charged. Regrowing it later rehashes what is left,
+/// a small cost next to the eviction that emptied it.
 fn shrink<K: Eq + std::hash::Hash, V>(map: &mut rustc_hash::FxHashMap<K, V>) {
-    if map.len() < map.capacity() / 8 {
-        map.shrink_to(map.len() * 2);
+    if map.len() < map.capacity() / 2 {
+        map.shrink_to_fit();
     }
 }
 
@@ -116,10 +121,11 @@ pub(super) fn cutoff(candidates: &[(u64, usize)], need: usize) -> Option<u64> {
     let lo = candidates.iter().map(|c| c.0).min().unwrap_or(0);
     let hi = candidates.iter().map(|c| c.0).max().unwrap_or(0);
     const BUCKETS: usize = 1024;
-    let width = ((hi - lo) / BUCKETS as u64).max(1);
-    let mut bytes = [0usize; BUCKETS + 1];
+    // Rounded up, so that every tick up to `hi` falls in a bucket.
+    let width = (hi - lo) / BUCKETS as u64 + 1;
+    let mut bytes = [0usize; BUCKETS];
     for &(used, b) in candidates {
-        bytes[((used - lo) / width).min(BUCKETS as u64) as usize] += b;
+        bytes[((used - lo) / width) as usize] += b;
     }
     let mut freed = 0;
     for (i, b) in bytes.iter().enumerate() {
@@ -164,13 +170,13 @@ impl Engine {
         self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
         self.series.insert(
             key,
-            SeriesEntry {
+            Box::new(SeriesEntry {
                 state,
                 pins: 0,
                 dirty: false,
                 used: self.tick,
                 born: 0,
-            },
+            }),
         );
     }
 
@@ -274,10 +280,6 @@ impl Engine {
             self.complete = false;
         }
         self.cache_bytes -= freed.min(self.cache_bytes);
-        // A table eight times larger than its entries (the workload moved
-        // from series to identities or back) gives memory back; otherwise
-        // it keeps its capacity (see `slot`): shrinking and growing again
-        // costs a rehash of every entry, with both tables alive meanwhile.
         shrink(&mut self.series);
         shrink(&mut self.dedupe);
         shrink(&mut self.reviewers);
@@ -332,13 +334,13 @@ impl Engine {
                 self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
                 self.series.insert(
                     key.clone(),
-                    SeriesEntry {
+                    Box::new(SeriesEntry {
                         state,
                         pins: 0,
                         dirty: false,
                         used: tick,
                         born: tick,
-                    },
+                    }),
                 );
                 true
             }
@@ -383,6 +385,24 @@ mod tests {
         let cut = cutoff(&c, 8).unwrap();
         assert!(cut < u64::MAX / 2, "only the oldest goes: {cut}");
         assert_eq!(cutoff(&c, 24), Some(u64::MAX - 1));
+    }
+
+    #[test]
+    fn cutoff_frees_what_is_needed_for_any_tick_range() {
+        // Ranges just over the histogram's 1024 buckets once cut too early.
+        for n in [5u64, 1024, 1025, 1500, 2047, 2048, 5000] {
+            let c: Vec<(u64, usize)> = (1..=n).map(|t| (t, 10)).collect();
+            for need in [
+                10,
+                10 * n as usize / 2,
+                10 * n as usize - 10,
+                10 * n as usize,
+            ] {
+                let cut = cutoff(&c, need).unwrap();
+                let freed: usize = c.iter().filter(|e| e.0 <= cut).map(|e| e.1).sum();
+                assert!(freed >= need, "n {n}: freed {freed} < {need}");
+            }
+        }
     }
 
     #[test]

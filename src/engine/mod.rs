@@ -363,7 +363,9 @@ pub struct Counters {
 pub struct Engine {
     cfg: EngineConfig,
     meta: Meta,
-    series: FxHashMap<SeriesKey, SeriesEntry>,
+    /// Boxed: a table's empty slots then cost a pointer, not an entry, and
+    /// doubling it copies pointers (both tables are alive meanwhile).
+    series: FxHashMap<SeriesKey, Box<SeriesEntry>>,
     batches: BTreeMap<BatchKey, Batch>,
     /// The open batch of each (series, window).
     open: FxHashMap<(SeriesKey, Nanos), u64>,
@@ -492,6 +494,13 @@ impl Engine {
                 r.sub(&row);
             }
             self.dirty_board.push(key);
+        }
+        // Deduplicated when it doubles past the rows (every dirty key is a
+        // row until the drain): bounded by the board, not by the updates
+        // between drains.
+        if self.dirty_board.len() > 2 * self.board.len() + 64 {
+            self.dirty_board.sort_unstable();
+            self.dirty_board.dedup();
         }
     }
 

@@ -475,3 +475,62 @@ fn eviction_keeps_dirty_and_pinned_entries() {
     assert_eq!(e.cache_bytes(), 0);
     assert!(!e.is_complete());
 }
+
+/// Bytes of a hash table's slots (`(K, V)` and a control byte each) from
+/// its capacity: hashbrown's buckets are a power of two holding 7/8 of it.
+fn table_bytes<K, V>(m: &rustc_hash::FxHashMap<K, V>) -> usize {
+    if m.capacity() == 0 {
+        return 0;
+    }
+    let buckets = (m.capacity() * 8).div_ceil(7).next_power_of_two();
+    buckets * (std::mem::size_of::<(K, V)>() + 1)
+}
+
+#[test]
+fn tables_stay_within_what_their_entries_are_charged() {
+    let mut e = Engine::new(cfg());
+    let votes: Vec<Vote> = (0..5000)
+        .map(|i| {
+            let ts = format!(
+                "2024-01-01T{:02}:{:02}:{:02}Z",
+                i / 3600,
+                i / 60 % 60,
+                i % 60
+            );
+            vote(
+                &format!("inference-{i}"),
+                &format!("voter-{}", i % 7),
+                Some(1.0),
+                &ts,
+            )
+        })
+        .collect();
+    run(&mut e, &votes);
+    let mut out = Vec::new();
+    e.close_all(&mut out);
+    e.drain_changes(|_| {});
+    let tables =
+        |e: &Engine| table_bytes(&e.series) + table_bytes(&e.dedupe) + table_bytes(&e.reviewers);
+    assert!(
+        tables(&e) <= e.cache_bytes(),
+        "{} > {}",
+        tables(&e),
+        e.cache_bytes()
+    );
+    for fraction in [2, 3, 5, 9, 17, 100] {
+        let budget = e.cache_bytes() / fraction;
+        e.evict(budget);
+        assert!(
+            e.cache_bytes() <= budget,
+            "1/{fraction}: {} > {budget}, cached {:?}",
+            e.cache_bytes(),
+            e.cached()
+        );
+        assert!(
+            tables(&e) <= e.cache_bytes(),
+            "after evicting to 1/{fraction}: tables {} > charged {}",
+            tables(&e),
+            e.cache_bytes()
+        );
+    }
+}

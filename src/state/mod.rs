@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use rocksdb::{
     BlockBasedOptions, Cache, Direction, IteratorMode, Options, ReadOptions, WriteBatch,
-    WriteOptions, DB,
+    WriteBufferManager, WriteOptions, DB,
 };
 use thiserror::Error;
 
@@ -311,11 +311,31 @@ impl Loaded {
 /// Keys per RocksDB multi-get (see [`Store::multi_get`]).
 const MULTI_GET: usize = 256;
 
-/// Block cache shared by every partition's database (index, filter and
-/// data blocks), so that the process's RocksDB read memory is one budget.
+/// RocksDB's memory, one budget for the process: the block cache shared by
+/// every partition's database (index, filter and data blocks) is also
+/// charged the memtables of all of them (see [`write_buffers`]), so that
+/// neither grows with the number of partitions.
+const ROCKSDB_MEMORY: usize = 32 << 20;
+/// Memtables of all partitions: a flush starts once they reach this.
+const MEMTABLES: usize = 16 << 20;
+
 fn block_cache() -> &'static Cache {
     static CACHE: std::sync::OnceLock<Cache> = std::sync::OnceLock::new();
-    CACHE.get_or_init(|| Cache::new_lru_cache(32 << 20))
+    CACHE.get_or_init(|| Cache::new_lru_cache(ROCKSDB_MEMORY))
+}
+
+/// Memtables of every partition, charged to [`block_cache`]. Not stalling
+/// writes: a flush starts early instead, and each database still holds at
+/// most `max_write_buffer_number` memtables.
+fn write_buffers() -> &'static WriteBufferManager {
+    static WBM: std::sync::OnceLock<WriteBufferManager> = std::sync::OnceLock::new();
+    WBM.get_or_init(|| {
+        WriteBufferManager::new_write_buffer_manager_with_cache(
+            MEMTABLES,
+            false,
+            block_cache().clone(),
+        )
+    })
 }
 
 /// Options of a partition database: bloom filters so that looking up a
@@ -362,6 +382,7 @@ fn options(temporary: bool) -> Options {
     opts.set_memtable_whole_key_filtering(true);
     opts.set_write_buffer_size(16 << 20);
     opts.set_max_write_buffer_number(3);
+    opts.set_write_buffer_manager(write_buffers());
     opts
 }
 
