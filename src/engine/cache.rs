@@ -40,13 +40,63 @@ pub(super) struct SeriesEntry {
     pub born: u64,
 }
 
-/// A cached vote identity.
+/// A vote identity as a cache key: two words, so that a table slot is
+/// aligned to 8 bytes (a `u128` key pads every slot to 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct IdKey([u64; 2]);
+
+impl std::hash::Hash for IdKey {
+    /// One word: an identity is already an XXH3-128 hash.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.0[1]);
+    }
+}
+
+impl From<u128> for IdKey {
+    fn from(id: u128) -> IdKey {
+        IdKey([(id >> 64) as u64, id as u64])
+    }
+}
+
+/// A cached vote identity: 16 bytes (the dirty flag is the top bit of the
+/// last-use tick, which never reaches 2⁶³), so a slot is 32 with its key.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct IdentityEntry {
     /// Vote time of the accepted vote.
     pub at: Nanos,
-    pub dirty: bool,
-    pub used: u64,
+    used_dirty: u64,
+}
+
+const DIRTY: u64 = 1 << 63;
+
+impl IdentityEntry {
+    fn new(at: Nanos, tick: u64) -> IdentityEntry {
+        IdentityEntry {
+            at,
+            used_dirty: tick,
+        }
+    }
+
+    /// Tick of the last use (least recently used goes first).
+    pub fn used(&self) -> u64 {
+        self.used_dirty & !DIRTY
+    }
+
+    /// Changed since the last drain.
+    pub fn dirty(&self) -> bool {
+        self.used_dirty & DIRTY != 0
+    }
+
+    pub fn touch(&mut self, tick: u64) {
+        self.used_dirty = (self.used_dirty & DIRTY) | tick;
+    }
+
+    /// Sets the dirty flag; returns what it was.
+    pub fn set_dirty(&mut self, dirty: bool) -> bool {
+        let was = self.dirty();
+        self.used_dirty = self.used() | if dirty { DIRTY } else { 0 };
+        was
+    }
 }
 
 /// A hash table slot costs its size plus a control byte, divided by the
@@ -65,7 +115,7 @@ pub(super) const fn block(bytes: usize) -> usize {
 }
 
 /// Approximate memory of a cached identity: its hash table slot.
-pub(super) const IDENTITY_BYTES: usize = slot::<(u128, IdentityEntry)>();
+pub(super) const IDENTITY_BYTES: usize = slot::<(IdKey, IdentityEntry)>();
 
 /// Approximate memory of a cached series: its slot, its entry's heap
 /// block, and the heap blocks of the key's two strings (shared with open
@@ -155,7 +205,8 @@ impl Engine {
         let series = self.series.get(&key);
         let all_cached = series.is_some_and(|e| e.born > self.identity_cut);
         Wants {
-            identity: (!all_cached && !self.dedupe.contains_key(&identity)).then_some(identity),
+            identity: (!all_cached && !self.dedupe.contains_key(&identity.into()))
+                .then_some(identity),
             series: series.is_none().then_some(key),
         }
     }
@@ -183,13 +234,9 @@ impl Engine {
     /// A stored vote identity's vote time (or `None`), loaded on a miss.
     pub fn provide_identity(&mut self, id: u128, at: Option<Nanos>) {
         let Some(at) = at else { return };
-        if let std::collections::hash_map::Entry::Vacant(v) = self.dedupe.entry(id) {
+        if let std::collections::hash_map::Entry::Vacant(v) = self.dedupe.entry(id.into()) {
             self.cache_bytes += IDENTITY_BYTES;
-            v.insert(IdentityEntry {
-                at,
-                dirty: false,
-                used: self.tick,
-            });
+            v.insert(IdentityEntry::new(at, self.tick));
         }
     }
 
@@ -243,8 +290,8 @@ impl Engine {
             }
         }
         for e in self.dedupe.values() {
-            if !e.dirty {
-                candidates.push((e.used, IDENTITY_BYTES));
+            if !e.dirty() {
+                candidates.push((e.used(), IDENTITY_BYTES));
             }
         }
         for ((_, voter), e) in &self.reviewers {
@@ -264,7 +311,7 @@ impl Engine {
             keep
         });
         let before = self.dedupe.len();
-        self.dedupe.retain(|_, e| e.dirty || e.used > cut);
+        self.dedupe.retain(|_, e| e.dirty() || e.used() > cut);
         if self.dedupe.len() < before {
             self.identity_cut = self.identity_cut.max(cut);
         }
@@ -290,21 +337,17 @@ impl Engine {
 
     pub(super) fn remember(&mut self, identity: u128, at: Nanos) {
         let tick = self.tick;
-        let e = self.dedupe.entry(identity).or_insert_with(|| {
+        let e = self.dedupe.entry(identity.into()).or_insert_with(|| {
             self.cache_bytes += IDENTITY_BYTES;
-            IdentityEntry {
-                at,
-                dirty: false,
-                used: tick,
-            }
+            IdentityEntry::new(at, tick)
         });
-        if !e.dirty && e.at != at {
+        if !e.dirty() && e.at != at {
             // A stored identity accepted again: its index entry goes.
             self.replaced_dedupe.entry(identity).or_insert(e.at);
         }
         e.at = at;
-        e.used = tick;
-        if !std::mem::replace(&mut e.dirty, true) {
+        e.touch(tick);
+        if !e.set_dirty(true) {
             self.dirty_dedupe.push(identity);
         }
     }

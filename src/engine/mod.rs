@@ -26,7 +26,7 @@ use crate::input::{Reason, Rejection, Vote};
 use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
 use agreement::{ReviewerKey, ReviewerStats, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
-use cache::{IdentityEntry, SeriesEntry};
+use cache::{IdKey, IdentityEntry, SeriesEntry};
 use score::{Aggregator, TimeUnit};
 
 /// The scoring parameters a rubric may override.
@@ -369,7 +369,7 @@ pub struct Engine {
     batches: BTreeMap<BatchKey, Batch>,
     /// The open batch of each (series, window).
     open: FxHashMap<(SeriesKey, Nanos), u64>,
-    dedupe: FxHashMap<u128, IdentityEntry>,
+    dedupe: FxHashMap<IdKey, IdentityEntry>,
     dirty_series: Vec<SeriesKey>,
     dirty_batches: Vec<BatchKey>,
     /// Closed batches the store holds.
@@ -524,8 +524,8 @@ impl Engine {
         self.tick += 1;
         // (2) duplicates, before lateness.
         let identity = vote_identity(vote);
-        if let Some(seen) = self.dedupe.get_mut(&identity) {
-            seen.used = self.tick;
+        if let Some(seen) = self.dedupe.get_mut(&identity.into()) {
+            seen.touch(self.tick);
             let seen_at = seen.at;
             if !self.forgotten(seen_at, wm) {
                 self.counters.duplicates += 1;
@@ -855,8 +855,8 @@ impl Engine {
             sink(Change::Batch(&k, None));
         }
         for id in self.dirty_dedupe.drain(..) {
-            if let Some(e) = self.dedupe.get_mut(&id) {
-                e.dirty = false;
+            if let Some(e) = self.dedupe.get_mut(&id.into()) {
+                e.set_dirty(false);
                 sink(Change::Dedupe(id, e.at, self.replaced_dedupe.remove(&id)));
             }
         }

@@ -101,7 +101,13 @@ impl Session {
 
     /// One output event of partition `tp`'s open cycle: sent now, or held
     /// for the outbox.
-    fn emit(&mut self, tp: &Tp, route: Route, key: Option<&[u8]>, payload: Vec<u8>) -> Result<()> {
+    fn emit(
+        &mut self,
+        tp: &Tp,
+        route: Route,
+        key: Option<&[u8]>,
+        mut payload: Vec<u8>,
+    ) -> Result<()> {
         let holds = self.protocol.holds_events();
         let n = self.outputs.partitions(route);
         let part = self.part_mut(tp)?;
@@ -109,6 +115,10 @@ impl Session {
         part.out_count += 1;
         part.dirty = true;
         if holds {
+            // Held until the cycle commits, and counted by its length: an
+            // event is encoded into a 1 KiB buffer (see `output::to_json`),
+            // which glibc shrinks in place.
+            payload.shrink_to_fit();
             part.out_bytes += payload.len() + key.map_or(0, <[u8]>::len);
             part.out.push(OutEvent {
                 route,
