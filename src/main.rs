@@ -386,7 +386,7 @@ fn main() -> ExitCode {
                 keep_open,
                 metrics: metrics.clone(),
             };
-            let r = jurystream::replay::run(&cfg, &opts, std::io::stdout().lock()).map(|s| {
+            let r = jurystream::replay::run(&cfg, &opts, std::io::stdout()).map(|s| {
                 tracing::debug!(
                     lines = s.lines,
                     rejected = s.rejected,
