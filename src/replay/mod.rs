@@ -9,10 +9,12 @@ use anyhow::{Context, Result};
 
 use crate::config::Config;
 use crate::engine::{Engine, Outcome, ScoreUpdate, Wants};
-use crate::input::{decode_vote, dlq_payload, DecodeOptions, Rejection, Vote};
-use crate::output::{processed_at, score_update_events, vote_rejected_json, Source};
+use crate::input::{decode_vote, DecodeOptions, Rejection, Vote};
 use crate::state::{BulkWrite, Loaded, Store, StoreError};
-use crate::time::wall_clock;
+
+mod encode;
+
+use encode::{encode_events, Encoder, ENCODE_QUEUE};
 
 /// Pending changes (series, batches, identities) above which the engine's
 /// change list is pruned of batches that closed unwritten. The rest of it
@@ -46,153 +48,6 @@ pub(crate) trait Sink {
     fn rejected(&mut self, r: &Rejection, bytes: &[u8], line: u64) -> std::io::Result<()>;
     /// After each chunk of lines.
     fn chunk_done(&mut self, _engine: &Engine) {}
-}
-
-/// Writes events as JSON lines, refreshing `processed_at` now and then.
-struct EventWriter<W: Write> {
-    metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
-    out: W,
-    stamp: String,
-    stamped_at: Instant,
-    events: u64,
-}
-
-impl<W: Write> EventWriter<W> {
-    fn new(out: W, metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>) -> Self {
-        EventWriter {
-            metrics,
-            out,
-            stamp: processed_at(wall_clock()),
-            stamped_at: Instant::now(),
-            events: 0,
-        }
-    }
-
-    fn tick(&mut self) {
-        if self.stamped_at.elapsed() >= Duration::from_millis(1) {
-            self.stamp = processed_at(wall_clock());
-            self.stamped_at = Instant::now();
-        }
-    }
-
-    fn line(&mut self, json: &str) -> std::io::Result<()> {
-        self.events += 1;
-        self.out.write_all(json.as_bytes())?;
-        self.out.write_all(b"\n")
-    }
-
-    fn write(&mut self, e: Produced) -> std::io::Result<()> {
-        self.tick();
-        match e {
-            Produced::Update(u) => {
-                if let Some(m) = &self.metrics {
-                    m.score_update(&u, wall_clock() as f64 / 1e9);
-                }
-                let stamp = std::mem::take(&mut self.stamp);
-                let r = score_update_events(&u, &stamp, |_, json| self.line(&json));
-                self.stamp = stamp;
-                r
-            }
-            Produced::Rejected(r, bytes, line) => {
-                if let Some(m) = &self.metrics {
-                    m.rejected(r.reason);
-                }
-                let payload = dlq_payload(&bytes);
-                let s = vote_rejected_json(&r, &payload, &Source::Line { line }, &self.stamp);
-                self.line(&s)
-            }
-        }
-    }
-}
-
-/// What the engine loop produced, in order, for the encoder thread.
-// Updates are nearly every item: boxing them would allocate per event.
-#[allow(clippy::large_enum_variant)]
-enum Produced {
-    Update(ScoreUpdate),
-    /// The rejection, the line's bytes and its number.
-    Rejected(Rejection, Vec<u8>, u64),
-}
-
-/// Events per batch handed to the encoder thread (one engine chunk is up
-/// to 2 048 lines), and batches in flight.
-const ENCODE_BATCH: usize = 1024;
-const ENCODE_QUEUE: usize = 4;
-
-/// The replay's sink: hands what the engine produced to a thread that
-/// encodes it as JSON and writes it ([`encode_events`]), in order, in
-/// batches. Encoding and writing were a fifth of the engine thread's time,
-/// and the engine thread is what a replay waits on.
-struct Encoder {
-    batch: Vec<Produced>,
-    /// `None` once closed.
-    tx: Option<std::sync::mpsc::SyncSender<Vec<Produced>>>,
-    metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
-}
-
-impl Encoder {
-    fn push(&mut self, e: Produced) -> std::io::Result<()> {
-        self.batch.push(e);
-        if self.batch.len() >= ENCODE_BATCH {
-            self.send()?;
-        }
-        Ok(())
-    }
-
-    fn send(&mut self) -> std::io::Result<()> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(ENCODE_BATCH));
-        match &self.tx {
-            Some(tx) if tx.send(batch).is_ok() => Ok(()),
-            // The encoder stopped on a write error, which its join reports.
-            _ => Err(std::io::Error::other("the event encoder stopped")),
-        }
-    }
-
-    /// Sends what is left and lets the encoder finish.
-    fn close(&mut self) -> std::io::Result<()> {
-        let r = self.send();
-        self.tx = None;
-        r
-    }
-}
-
-impl Sink for Encoder {
-    fn updates(&mut self, updates: &mut Vec<ScoreUpdate>) -> std::io::Result<()> {
-        for u in updates.drain(..) {
-            self.push(Produced::Update(u))?;
-        }
-        Ok(())
-    }
-
-    fn rejected(&mut self, r: &Rejection, bytes: &[u8], line: u64) -> std::io::Result<()> {
-        self.push(Produced::Rejected(r.clone(), bytes.to_vec(), line))
-    }
-
-    fn chunk_done(&mut self, engine: &Engine) {
-        if let Some(m) = &self.metrics {
-            m.observe_engine("0", engine);
-        }
-    }
-}
-
-/// The encoder thread: writes every event it is handed to `out`, then
-/// flushes it; returns the number of events.
-fn encode_events<W: Write>(
-    rx: std::sync::mpsc::Receiver<Vec<Produced>>,
-    out: W,
-    metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
-) -> std::io::Result<u64> {
-    let mut w = EventWriter::new(std::io::BufWriter::with_capacity(1 << 20, out), metrics);
-    for batch in rx {
-        for e in batch {
-            w.write(e)?;
-        }
-    }
-    w.out.flush()?;
-    Ok(w.events)
 }
 
 /// Progress on stderr, only when it is a terminal.
@@ -288,11 +143,7 @@ pub fn run(
         let (tx, rx) = std::sync::mpsc::sync_channel(ENCODE_QUEUE);
         let metrics = opts.metrics.clone();
         let encoder = scope.spawn(move || encode_events(rx, out, metrics));
-        let mut sink = Encoder {
-            batch: Vec::with_capacity(ENCODE_BATCH),
-            tx: Some(tx),
-            metrics: opts.metrics.clone(),
-        };
+        let mut sink = Encoder::new(tx, opts.metrics.clone());
         let result = (|| -> Result<ReplaySummary> {
             let mut shell = Shell {
                 engine: &mut engine,
@@ -336,7 +187,7 @@ pub fn run(
             Ok(summary)
         })();
         // Closed on an error too, so that the encoder finishes.
-        sink.tx = None;
+        drop(sink);
         let written = encoder
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
@@ -773,7 +624,13 @@ mod tests {
             })
             .collect();
         assert_eq!(rejected, (0..30).map(|k| k * 101 + 2).collect::<Vec<_>>());
-        assert!(lines.iter().filter(|l| l.contains("\"score_updated\"")).count() >= 1000);
+        assert!(
+            lines
+                .iter()
+                .filter(|l| l.contains("\"score_updated\""))
+                .count()
+                >= 1000
+        );
     }
 
     #[test]
