@@ -88,8 +88,8 @@ pub(super) const ENCODE_QUEUE: usize = 4;
 /// and the engine thread is what a replay waits on.
 pub(super) struct Encoder {
     batch: Vec<Produced>,
-    /// `None` once closed.
-    tx: Option<std::sync::mpsc::SyncSender<Vec<Produced>>>,
+    /// Dropping the encoder closes the channel, and the thread finishes.
+    tx: std::sync::mpsc::SyncSender<Vec<Produced>>,
     metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
 }
 
@@ -100,7 +100,7 @@ impl Encoder {
     ) -> Encoder {
         Encoder {
             batch: Vec::with_capacity(ENCODE_BATCH),
-            tx: Some(tx),
+            tx,
             metrics,
         }
     }
@@ -113,23 +113,17 @@ impl Encoder {
         Ok(())
     }
 
-    fn send(&mut self) -> std::io::Result<()> {
+    /// Hands the batch so far to the encoder thread (called at the end for
+    /// what is left).
+    pub(super) fn send(&mut self) -> std::io::Result<()> {
         if self.batch.is_empty() {
             return Ok(());
         }
         let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(ENCODE_BATCH));
-        match &self.tx {
-            Some(tx) if tx.send(batch).is_ok() => Ok(()),
+        self.tx
+            .send(batch)
             // The encoder stopped on a write error, which its join reports.
-            _ => Err(std::io::Error::other("the event encoder stopped")),
-        }
-    }
-
-    /// Sends what is left and lets the encoder finish.
-    pub(super) fn close(&mut self) -> std::io::Result<()> {
-        let r = self.send();
-        self.tx = None;
-        r
+            .map_err(|_| std::io::Error::other("the event encoder stopped"))
     }
 }
 

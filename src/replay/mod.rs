@@ -183,10 +183,10 @@ pub fn run(
             if let Some(m) = &opts.metrics {
                 m.observe_engine("0", &engine);
             }
-            sink.close()?;
+            sink.send()?;
             Ok(summary)
         })();
-        // Closed on an error too, so that the encoder finishes.
+        // Dropped on an error too, so that the encoder finishes.
         drop(sink);
         let written = encoder
             .join()
