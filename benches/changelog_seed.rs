@@ -32,12 +32,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
 use jurystream::config::Config;
-use jurystream::service::{client_config, CycleMarker, Names, CYCLE_KEY};
+use jurystream::service::{client_config, send_waiting, CycleMarker, Names, CYCLE_KEY};
 use jurystream::state::encode_value;
 
 /// Key kinds that never go to a changelog: the local time index, shell
@@ -163,15 +163,8 @@ fn send(p: &BaseProducer<Acks>, topic: &str, partition: i32, key: &[u8], value: 
     if let Some(v) = value {
         rec = rec.payload(v);
     }
-    loop {
-        match p.send(rec) {
-            Ok(()) => return,
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                rec = r;
-                p.poll(Duration::from_millis(20));
-            }
-            Err((e, _)) => panic!("produce to {topic}: {e}"),
-        }
+    if let Err(e) = send_waiting(p, rec) {
+        panic!("produce to {topic}: {e}");
     }
 }
 

@@ -148,14 +148,23 @@ pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
             value: Some(o),
         }));
     }
+    send_waiting(producer, rec).map_err(|e| ServiceError::kafka("produce", e))
+}
+
+/// Queues `rec`, serving delivery reports while librdkafka's queue is full
+/// (a poll returns as soon as one is served).
+pub fn send_waiting<C: ProducerContext>(
+    producer: &BaseProducer<C>,
+    mut rec: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>,
+) -> Result<(), KafkaError> {
     loop {
         match producer.send(rec) {
             Ok(()) => return Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                 rec = r;
-                producer.poll(Duration::from_millis(50));
+                producer.poll(Duration::from_millis(20));
             }
-            Err((e, _)) => return Err(ServiceError::kafka("produce", e)),
+            Err((e, _)) => return Err(e),
         }
     }
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+
+use super::client::send_waiting;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 /// Waits until every message `producer` has queued is acknowledged (or
@@ -83,16 +85,7 @@ pub fn produce(
         if let Some(k) = &key {
             rec = rec.key(k.as_bytes());
         }
-        loop {
-            match producer.send(rec) {
-                Ok(()) => break,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                    rec = r;
-                    producer.poll(Duration::from_millis(20));
-                }
-                Err((e, _)) => return Err(anyhow!("produce to {topic}: {e}")),
-            }
-        }
+        send_waiting(&producer, rec).map_err(|e| anyhow!("produce to {topic}: {e}"))?;
         sent += 1;
         producer.poll(Duration::ZERO);
     }
