@@ -194,6 +194,11 @@ pub(super) fn cutoff(candidates: &[(u64, usize)], need: usize) -> Option<u64> {
 impl Engine {
     /// What `vote` needs loaded before [`Engine::process`].
     pub fn wants(&self, vote: &Vote) -> Wants {
+        self.wants_with_identity(vote, vote_identity(vote))
+    }
+
+    /// [`Engine::wants`] for a vote whose [`vote_identity`] is known.
+    pub fn wants_with_identity(&self, vote: &Vote, identity: u128) -> Wants {
         if self.complete {
             return Wants::default();
         }
@@ -201,7 +206,6 @@ impl Engine {
             inference_id: vote.inference_id.clone(),
             voter_prompt_id: vote.voter_prompt_id.clone(),
         };
-        let identity = vote_identity(vote);
         let series = self.series.get(&key);
         let all_cached = series.is_some_and(|e| e.born > self.identity_cut);
         Wants {
@@ -352,55 +356,52 @@ impl Engine {
         }
     }
 
-    pub(super) fn touch_series_model(&mut self, key: &SeriesKey, model_id: Option<&str>) {
+    /// An accepted vote's series, in one lookup (the series table was most
+    /// of the engine's hash lookups): created if new, its model set if it
+    /// had none, its use tick, a pin for the batch the vote opens (if it
+    /// does), the vote counted as pending, and marked changed.
+    pub(super) fn accept_into_series(
+        &mut self,
+        key: &SeriesKey,
+        model_id: Option<&str>,
+        opens_batch: bool,
+    ) {
         let tick = self.tick;
-        let mut moved = None;
-        let changed = match self.series.get_mut(key) {
-            Some(e) => {
-                e.used = tick;
-                if e.state.model_id.is_none() && model_id.is_some() {
-                    let before = self
-                        .cfg
-                        .query_index
-                        .then(|| super::board::placement(&key.voter_prompt_id, &e.state));
-                    e.state.model_id = model_id.map(Into::into);
-                    let after = super::board::placement(&key.voter_prompt_id, &e.state);
-                    self.cache_bytes += model_id.map_or(0, |m| block(m.len()));
-                    moved = before.map(|b| (b, after));
-                    true
-                } else {
-                    false
-                }
-            }
-            None => {
-                let state = SeriesState::new(model_id, &self.cfg);
-                self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
-                self.series.insert(
-                    key.clone(),
-                    Box::new(SeriesEntry {
-                        state,
-                        pins: 0,
-                        dirty: false,
-                        used: tick,
-                        born: tick,
-                    }),
-                );
-                true
-            }
+        let Some(e) = self.series.get_mut(key) else {
+            let mut state = SeriesState::new(model_id, &self.cfg);
+            self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
+            state.pending = 1;
+            self.dirty_series.push(key.clone());
+            self.series.insert(
+                key.clone(),
+                Box::new(SeriesEntry {
+                    state,
+                    pins: u32::from(opens_batch),
+                    dirty: true,
+                    used: tick,
+                    born: tick,
+                }),
+            );
+            return;
         };
-        if let Some((from, to)) = moved {
-            self.move_on_board(from, to);
+        e.used = tick;
+        e.pins += u32::from(opens_batch);
+        e.state.pending += 1;
+        if !std::mem::replace(&mut e.dirty, true) {
+            self.dirty_series.push(key.clone());
         }
-        if changed {
-            self.mark_series(key);
+        if e.state.model_id.is_some() || model_id.is_none() {
+            return;
         }
-    }
-
-    pub(super) fn mark_series(&mut self, key: &SeriesKey) {
-        if let Some(e) = self.series.get_mut(key) {
-            if !std::mem::replace(&mut e.dirty, true) {
-                self.dirty_series.push(key.clone());
-            }
+        let before = self
+            .cfg
+            .query_index
+            .then(|| super::board::placement(&key.voter_prompt_id, &e.state));
+        e.state.model_id = model_id.map(Into::into);
+        self.cache_bytes += model_id.map_or(0, |m| block(m.len()));
+        if let Some(before) = before {
+            let after = super::board::placement(&key.voter_prompt_id, &e.state);
+            self.move_on_board(before, after);
         }
     }
 }

@@ -520,10 +520,20 @@ impl Engine {
     /// Steps (2)–(6) of SPEC §2 for a validated vote, then the close step.
     /// Score updates are appended to `out` in emission order.
     pub fn process(&mut self, vote: &Vote, out: &mut Vec<ScoreUpdate>) -> Outcome {
+        self.process_with_identity(vote, vote_identity(vote), out)
+    }
+
+    /// [`Engine::process`] for a vote whose [`vote_identity`] is known (a
+    /// shell may hash it on another thread).
+    pub fn process_with_identity(
+        &mut self,
+        vote: &Vote,
+        identity: u128,
+        out: &mut Vec<ScoreUpdate>,
+    ) -> Outcome {
         let wm = self.meta.watermark;
         self.tick += 1;
         // (2) duplicates, before lateness.
-        let identity = vote_identity(vote);
         if let Some(seen) = self.dedupe.get_mut(&identity.into()) {
             seen.touch(self.tick);
             let seen_at = seen.at;
@@ -553,18 +563,16 @@ impl Engine {
             inference_id: vote.inference_id.clone(),
             voter_prompt_id: vote.voter_prompt_id.clone(),
         };
-        self.touch_series_model(&skey, vote.model_id.as_deref());
         let open_key = (skey, start);
-        let seq = match self.open.get(&open_key) {
-            Some(&seq) => seq,
+        let open_seq = self.open.get(&open_key).copied();
+        self.accept_into_series(&open_key.0, vote.model_id.as_deref(), open_seq.is_none());
+        let seq = match open_seq {
+            Some(seq) => seq,
             None => {
                 let seq = self.meta.next_batch_seq;
                 self.meta.next_batch_seq += 1;
                 self.meta_dirty = true;
                 self.open.insert(open_key.clone(), seq);
-                if let Some(s) = self.series.get_mut(&open_key.0) {
-                    s.pins += 1;
-                }
                 seq
             }
         };
@@ -618,15 +626,11 @@ impl Engine {
             self.open.remove(&open_key);
         }
         let (skey, _) = open_key;
-        if let Some(s) = self.series.get_mut(&skey) {
-            s.state.pending += 1;
-        }
         if self.cfg.query_index && new_voter {
             self.cache_bytes += cache::voter_bytes(&skey, &vote.voter_id);
             self.dirty_voters
                 .push((skey.clone(), vote.voter_id.clone()));
         }
-        self.mark_series(&skey);
         // (6) watermark.
         self.advance_to(vote.timestamp - self.cfg.grace_ns);
         let full_key = full.then_some(bkey);
@@ -724,11 +728,13 @@ impl Engine {
             return;
         };
         entry.pins = entry.pins.saturating_sub(1);
+        if !std::mem::replace(&mut entry.dirty, true) {
+            self.dirty_series.push(key.series.clone());
+        }
         let state = &mut entry.state;
         state.abstentions += u64::from(abstentions);
         state.pending = state.pending.saturating_sub(accepted);
         if counted.is_empty() {
-            self.mark_series(&key.series.clone());
             return;
         }
         let params = cfg.params(&key.series.voter_prompt_id).clone();
@@ -831,7 +837,6 @@ impl Engine {
         if let (Some(from), Some(to)) = (before, after) {
             self.move_on_board(from, to);
         }
-        self.mark_series(&key.series.clone());
     }
 
     /// Hands every change since the last drain to `sink`, in an order that

@@ -2,9 +2,13 @@
 
 use serde::Serialize;
 
-use crate::engine::{Entry, ScoreUpdate};
+use crate::engine::ScoreUpdate;
 use crate::input::Rejection;
 use crate::time::{format_timestamp, Nanos};
+
+mod json;
+
+use json::Json;
 
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -20,112 +24,6 @@ pub enum Source {
     Line {
         line: u64,
     },
-}
-
-#[derive(Serialize)]
-struct Params<'a> {
-    lambda: f64,
-    time_unit: &'a str,
-    window_seconds: WindowSeconds,
-    variance_threshold: f64,
-    aggregator: &'a str,
-    temperature: f64,
-}
-
-/// `window_seconds` printed as an integer when it is one (60, not 60.0).
-struct WindowSeconds(f64);
-
-impl Serialize for WindowSeconds {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let v = self.0;
-        if v.fract() == 0.0 && v.abs() < 9.0e15 {
-            s.serialize_i64(v as i64)
-        } else {
-            s.serialize_f64(v)
-        }
-    }
-}
-
-/// A timestamp (RFC 3339, as [`format_timestamp`]) serialized from a
-/// buffer on the stack: an event has several, and each was an allocation.
-struct Ts(Nanos);
-
-impl Serialize for Ts {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let (buf, n) = crate::time::timestamp_bytes(self.0);
-        s.serialize_str(std::str::from_utf8(&buf[..n]).unwrap_or("invalid"))
-    }
-}
-
-/// The `vote_ids` of a batch, serialized without collecting them first.
-struct VoteIds<'a>(&'a [Entry]);
-
-impl Serialize for VoteIds<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.0.iter().map(|e| &*e.vote_id))
-    }
-}
-
-#[derive(Serialize)]
-struct BatchOut<'a> {
-    window_start: Ts,
-    window_end: Option<Ts>,
-    first_vote_at: Ts,
-    last_vote_at: Ts,
-    votes: usize,
-    abstentions: u32,
-    superseded: u32,
-    weight_sum: f64,
-    mean_vote: f64,
-    aggregate: f64,
-    variance: f64,
-    vote_ids: VoteIds<'a>,
-}
-
-#[derive(Serialize)]
-struct ScoreUpdated<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    schema_version: u32,
-    processed_at: &'a str,
-    inference_id: &'a str,
-    voter_prompt_id: &'a str,
-    model_id: Option<&'a str>,
-    update_seq: u64,
-    score: f64,
-    previous_score: f64,
-    alpha: f64,
-    freshness: f64,
-    delta_t_seconds: f64,
-    ambiguous: bool,
-    params: Params<'a>,
-    batch: BatchOut<'a>,
-}
-
-#[derive(Serialize)]
-struct FlagVote<'a> {
-    vote_id: &'a str,
-    voter_id: &'a str,
-    value: f64,
-    weight: f64,
-    timestamp: Ts,
-}
-
-#[derive(Serialize)]
-struct AmbiguityFlagged<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    schema_version: u32,
-    processed_at: &'a str,
-    inference_id: &'a str,
-    voter_prompt_id: &'a str,
-    model_id: Option<&'a str>,
-    update_seq: u64,
-    score: f64,
-    variance: f64,
-    threshold: f64,
-    mean_vote: f64,
-    votes: Vec<FlagVote<'a>>,
 }
 
 #[derive(Serialize)]
@@ -152,75 +50,104 @@ fn to_json<T: Serialize>(v: &T) -> String {
     }
 }
 
+/// `score_updated` as one JSON object, appended to `out`.
+fn write_score_updated(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
+    let mut o = Json::object(out);
+    o.str("type", "score_updated")
+        .u64("schema_version", SCHEMA_VERSION.into())
+        .str("processed_at", processed_at)
+        .str("inference_id", &u.series.inference_id)
+        .str("voter_prompt_id", &u.series.voter_prompt_id)
+        .opt_str("model_id", u.model_id.as_deref())
+        .u64("update_seq", u.update_seq)
+        .f64("score", u.score)
+        .f64("previous_score", u.previous_score)
+        .f64("alpha", u.alpha)
+        .f64("freshness", 1.0 - u.alpha)
+        .f64("delta_t_seconds", u.delta_t_seconds)
+        .bool("ambiguous", u.ambiguous);
+    let mut p = o.open_object("params");
+    p.f64("lambda", u.params.lambda)
+        .str("time_unit", u.params.time_unit.as_str());
+    // An integer when it is one (60, not 60.0).
+    let w = u.window_seconds;
+    if w.fract() == 0.0 && w.abs() < 9.0e15 {
+        p.i64("window_seconds", w as i64);
+    } else {
+        p.f64("window_seconds", w);
+    }
+    p.f64("variance_threshold", u.params.variance_threshold)
+        .str("aggregator", u.params.aggregator.as_str())
+        .f64("temperature", u.params.temperature);
+    p.close();
+    let mut b = o.open_object("batch");
+    b.ts("window_start", u.window_start)
+        .opt_ts("window_end", u.window_end)
+        .ts("first_vote_at", u.first_vote_at)
+        .ts("last_vote_at", u.last_vote_at)
+        .u64("votes", u.votes.len() as u64)
+        .u64("abstentions", u.abstentions.into())
+        .u64("superseded", u.superseded.into())
+        .f64("weight_sum", u.weight_sum)
+        .f64("mean_vote", u.mean_vote)
+        .f64("aggregate", u.aggregate)
+        .f64("variance", u.variance);
+    let mut ids = b.open_array("vote_ids");
+    for e in &u.votes {
+        ids.str("", &e.vote_id);
+    }
+    ids.close();
+    b.close();
+    o.close();
+}
+
+/// `ambiguity_flagged` as one JSON object (only for ambiguous updates),
+/// appended to `out`.
+fn write_ambiguity_flagged(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
+    let mut o = Json::object(out);
+    o.str("type", "ambiguity_flagged")
+        .u64("schema_version", SCHEMA_VERSION.into())
+        .str("processed_at", processed_at)
+        .str("inference_id", &u.series.inference_id)
+        .str("voter_prompt_id", &u.series.voter_prompt_id)
+        .opt_str("model_id", u.model_id.as_deref())
+        .u64("update_seq", u.update_seq)
+        .f64("score", u.score)
+        .f64("variance", u.variance)
+        .f64("threshold", u.params.variance_threshold)
+        .f64("mean_vote", u.mean_vote);
+    let mut votes = o.open_array("votes");
+    for e in &u.votes {
+        let mut v = votes.element_object();
+        v.str("vote_id", &e.vote_id)
+            .str("voter_id", &e.voter_id)
+            .f64("value", e.value.unwrap_or_default())
+            .f64("weight", e.weight)
+            .ts("timestamp", e.timestamp);
+        v.close();
+    }
+    votes.close();
+    o.close();
+}
+
+/// An event is about 700 bytes: one allocation.
+const EVENT_BYTES: usize = 1024;
+
+fn to_string(write: impl FnOnce(&mut Vec<u8>)) -> String {
+    let mut out = Vec::with_capacity(EVENT_BYTES);
+    write(&mut out);
+    // Only strings and ASCII are written.
+    String::from_utf8(out).expect("events are UTF-8")
+}
+
 /// `score_updated` as one JSON object.
 pub fn score_updated_json(u: &ScoreUpdate, processed_at: &str) -> String {
-    let ev = ScoreUpdated {
-        kind: "score_updated",
-        schema_version: SCHEMA_VERSION,
-        processed_at,
-        inference_id: &u.series.inference_id,
-        voter_prompt_id: &u.series.voter_prompt_id,
-        model_id: u.model_id.as_deref(),
-        update_seq: u.update_seq,
-        score: u.score,
-        previous_score: u.previous_score,
-        alpha: u.alpha,
-        freshness: 1.0 - u.alpha,
-        delta_t_seconds: u.delta_t_seconds,
-        ambiguous: u.ambiguous,
-        params: Params {
-            lambda: u.params.lambda,
-            time_unit: u.params.time_unit.as_str(),
-            window_seconds: WindowSeconds(u.window_seconds),
-            variance_threshold: u.params.variance_threshold,
-            aggregator: u.params.aggregator.as_str(),
-            temperature: u.params.temperature,
-        },
-        batch: BatchOut {
-            window_start: Ts(u.window_start),
-            window_end: u.window_end.map(Ts),
-            first_vote_at: Ts(u.first_vote_at),
-            last_vote_at: Ts(u.last_vote_at),
-            votes: u.votes.len(),
-            abstentions: u.abstentions,
-            superseded: u.superseded,
-            weight_sum: u.weight_sum,
-            mean_vote: u.mean_vote,
-            aggregate: u.aggregate,
-            variance: u.variance,
-            vote_ids: VoteIds(&u.votes),
-        },
-    };
-    to_json(&ev)
+    to_string(|out| write_score_updated(out, u, processed_at))
 }
 
 /// `ambiguity_flagged` as one JSON object (only for ambiguous updates).
 pub fn ambiguity_flagged_json(u: &ScoreUpdate, processed_at: &str) -> String {
-    let ev = AmbiguityFlagged {
-        kind: "ambiguity_flagged",
-        schema_version: SCHEMA_VERSION,
-        processed_at,
-        inference_id: &u.series.inference_id,
-        voter_prompt_id: &u.series.voter_prompt_id,
-        model_id: u.model_id.as_deref(),
-        update_seq: u.update_seq,
-        score: u.score,
-        variance: u.variance,
-        threshold: u.params.variance_threshold,
-        mean_vote: u.mean_vote,
-        votes: u
-            .votes
-            .iter()
-            .map(|e| FlagVote {
-                vote_id: &e.vote_id,
-                voter_id: &e.voter_id,
-                value: e.value.unwrap_or_default(),
-                weight: e.weight,
-                timestamp: Ts(e.timestamp),
-            })
-            .collect(),
-    };
-    to_json(&ev)
+    to_string(|out| write_ambiguity_flagged(out, u, processed_at))
 }
 
 /// The output topic an event goes to.
@@ -252,11 +179,15 @@ impl Route {
 pub fn score_update_events<E>(
     u: &ScoreUpdate,
     processed_at: &str,
-    mut emit: impl FnMut(Route, String) -> Result<(), E>,
+    mut emit: impl FnMut(Route, Vec<u8>) -> Result<(), E>,
 ) -> Result<(), E> {
-    emit(Route::Scores, score_updated_json(u, processed_at))?;
+    let mut out = Vec::with_capacity(EVENT_BYTES);
+    write_score_updated(&mut out, u, processed_at);
+    emit(Route::Scores, out)?;
     if u.ambiguous {
-        emit(Route::Flags, ambiguity_flagged_json(u, processed_at))?;
+        let mut out = Vec::with_capacity(EVENT_BYTES);
+        write_ambiguity_flagged(&mut out, u, processed_at);
+        emit(Route::Flags, out)?;
     }
     Ok(())
 }

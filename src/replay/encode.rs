@@ -38,9 +38,9 @@ impl<W: Write> EventWriter<W> {
         }
     }
 
-    fn line(&mut self, json: &str) -> std::io::Result<()> {
+    fn line(&mut self, json: &[u8]) -> std::io::Result<()> {
         self.events += 1;
-        self.out.write_all(json.as_bytes())?;
+        self.out.write_all(json)?;
         self.out.write_all(b"\n")
     }
 
@@ -62,7 +62,7 @@ impl<W: Write> EventWriter<W> {
                 }
                 let payload = dlq_payload(&bytes);
                 let s = vote_rejected_json(&r, &payload, &Source::Line { line }, &self.stamp);
-                self.line(&s)
+                self.line(s.as_bytes())
             }
         }
     }
@@ -80,7 +80,7 @@ pub(super) enum Produced {
 /// Events per batch handed to the encoder thread (one engine chunk is up
 /// to 2 048 lines), and batches in flight.
 const ENCODE_BATCH: usize = 1024;
-pub(super) const ENCODE_QUEUE: usize = 4;
+const ENCODE_QUEUE: usize = 4;
 
 /// The replay's sink: hands what the engine produced to a thread that
 /// encodes it as JSON and writes it ([`encode_events`]), in order, in
@@ -90,21 +90,41 @@ pub(super) struct Encoder {
     batch: Vec<Produced>,
     /// Dropping the encoder closes the channel, and the thread finishes.
     tx: std::sync::mpsc::SyncSender<Vec<Produced>>,
+    /// Batches the encoder thread emptied, to fill again (a new one each
+    /// time was a large allocation here and a large free there).
+    emptied: std::sync::mpsc::Receiver<Vec<Produced>>,
     metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
 }
 
-impl Encoder {
-    pub(super) fn new(
-        tx: std::sync::mpsc::SyncSender<Vec<Produced>>,
-        metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
-    ) -> Encoder {
-        Encoder {
-            batch: Vec::with_capacity(ENCODE_BATCH),
-            tx,
-            metrics,
-        }
-    }
+/// The encoder thread's end of the channel: batches to encode, and where
+/// their emptied vectors go back.
+pub(super) struct Batches {
+    rx: std::sync::mpsc::Receiver<Vec<Produced>>,
+    emptied: std::sync::mpsc::SyncSender<Vec<Produced>>,
+}
 
+/// The engine's and the encoder thread's ends.
+pub(super) fn channel(
+    metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
+) -> (Encoder, Batches) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(ENCODE_QUEUE);
+    let (emptied_tx, emptied) = std::sync::mpsc::sync_channel(ENCODE_QUEUE);
+    let encoder = Encoder {
+        batch: Vec::with_capacity(ENCODE_BATCH),
+        tx,
+        emptied,
+        metrics,
+    };
+    (
+        encoder,
+        Batches {
+            rx,
+            emptied: emptied_tx,
+        },
+    )
+}
+
+impl Encoder {
     fn push(&mut self, e: Produced) -> std::io::Result<()> {
         self.batch.push(e);
         if self.batch.len() >= ENCODE_BATCH {
@@ -119,7 +139,11 @@ impl Encoder {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(ENCODE_BATCH));
+        let next = self
+            .emptied
+            .try_recv()
+            .unwrap_or_else(|_| Vec::with_capacity(ENCODE_BATCH));
+        let batch = std::mem::replace(&mut self.batch, next);
         self.tx
             .send(batch)
             // The encoder stopped on a write error, which its join reports.
@@ -149,15 +173,17 @@ impl Sink for Encoder {
 /// The encoder thread: writes every event it is handed to `out`, then
 /// flushes it; returns the number of events.
 pub(super) fn encode_events<W: Write>(
-    rx: std::sync::mpsc::Receiver<Vec<Produced>>,
+    batches: Batches,
     out: W,
     metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
 ) -> std::io::Result<u64> {
     let mut w = EventWriter::new(std::io::BufWriter::with_capacity(1 << 20, out), metrics);
-    for batch in rx {
-        for e in batch {
+    for mut batch in batches.rx {
+        for e in batch.drain(..) {
             w.write(e)?;
         }
+        // The engine may have enough (it takes one per batch it sends).
+        let _ = batches.emptied.try_send(batch);
     }
     w.out.flush()?;
     Ok(w.events)

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use crate::config::Config;
-use crate::engine::{Engine, Outcome, ScoreUpdate, Wants};
+use crate::engine::{vote_identity, Engine, Outcome, ScoreUpdate, Wants};
 use crate::input::{decode_vote, DecodeOptions, Rejection, Vote};
 use crate::state::{BulkWrite, Loaded, Store, StoreError};
 
 mod encode;
 
-use encode::{encode_events, Encoder, ENCODE_QUEUE};
+use encode::encode_events;
 
 /// Pending changes (series, batches, identities) above which the engine's
 /// change list is pruned of batches that closed unwritten. The rest of it
@@ -140,10 +140,9 @@ pub fn run(
         m.set_ready(true);
     }
     std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel(ENCODE_QUEUE);
+        let (mut sink, batches) = encode::channel(opts.metrics.clone());
         let metrics = opts.metrics.clone();
-        let encoder = scope.spawn(move || encode_events(rx, out, metrics));
-        let mut sink = Encoder::new(tx, opts.metrics.clone());
+        let encoder = scope.spawn(move || encode_events(batches, out, metrics));
         let result = (|| -> Result<ReplaySummary> {
             let mut shell = Shell {
                 engine: &mut engine,
@@ -202,16 +201,45 @@ pub fn run(
 }
 
 /// A run of input lines, read and decoded off the engine's thread.
+///
+/// Dropped, it goes back to the reader that filled it, to be filled again:
+/// the engine thread then neither frees its buffers (freeing one that
+/// large made glibc consolidate its heap, on the thread the replay waits
+/// for) nor the decoded votes (freed by the reader, which allocated them).
 pub(crate) struct Chunk {
     buf: Vec<u8>,
     /// (start, end, line number) of each non-blank line in `buf`.
     pub(crate) lines: Vec<(usize, usize, u64)>,
     pub(crate) decoded: Vec<Result<Vote, Rejection>>,
+    /// Each decoded vote's identity (`engine::vote_identity`, hashed here
+    /// rather than on the engine's thread; 0 for a rejected line).
+    identities: Vec<u128>,
     /// Input bytes consumed up to the end of this chunk.
     pub(crate) bytes: u64,
+    /// The reader's pool (`None` once the chunk is back there).
+    home: Option<std::sync::mpsc::SyncSender<Chunk>>,
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            // A full pool or a reader that finished: freed here instead.
+            let _ = home.try_send(Chunk {
+                buf: std::mem::take(&mut self.buf),
+                lines: std::mem::take(&mut self.lines),
+                decoded: std::mem::take(&mut self.decoded),
+                identities: std::mem::take(&mut self.identities),
+                bytes: 0,
+                home: None,
+            });
+        }
+    }
 }
 
 const CHUNK_LINES: usize = 2048;
+
+/// Chunks kept for reuse: those in flight come back as they are processed.
+const CHUNK_POOL: usize = 4;
 
 /// Reads lines and decodes them into chunks, sent to the engine thread. The
 /// order of lines is kept; decoding is pure, so doing it on another thread
@@ -221,15 +249,28 @@ pub(crate) fn read_chunks<R: Read>(
     decode: &DecodeOptions,
     tx: std::sync::mpsc::SyncSender<std::io::Result<Chunk>>,
 ) {
+    let (home, pool) = std::sync::mpsc::sync_channel::<Chunk>(CHUNK_POOL);
     let mut line_no = 0u64;
     let mut bytes = 0u64;
     loop {
-        let mut chunk = Chunk {
-            buf: Vec::with_capacity(CHUNK_LINES * 256),
-            lines: Vec::with_capacity(CHUNK_LINES),
-            decoded: Vec::with_capacity(CHUNK_LINES),
-            bytes: 0,
+        let mut chunk = match pool.try_recv() {
+            Ok(mut c) => {
+                c.buf.clear();
+                c.lines.clear();
+                c.decoded.clear();
+                c.identities.clear();
+                c
+            }
+            Err(_) => Chunk {
+                buf: Vec::with_capacity(CHUNK_LINES * 256),
+                lines: Vec::with_capacity(CHUNK_LINES),
+                decoded: Vec::with_capacity(CHUNK_LINES),
+                identities: Vec::with_capacity(CHUNK_LINES),
+                bytes: 0,
+                home: None,
+            },
         };
+        chunk.home = Some(home.clone());
         let mut eof = false;
         while chunk.lines.len() < CHUNK_LINES {
             let start = chunk.buf.len();
@@ -257,7 +298,11 @@ pub(crate) fn read_chunks<R: Read>(
             chunk.lines.push((start, end, line_no));
         }
         for &(a, b, _) in &chunk.lines {
-            chunk.decoded.push(decode_vote(&chunk.buf[a..b], decode));
+            let decoded = decode_vote(&chunk.buf[a..b], decode);
+            chunk
+                .identities
+                .push(decoded.as_ref().map_or(0, vote_identity));
+            chunk.decoded.push(decoded);
         }
         chunk.bytes = bytes;
         if (!chunk.lines.is_empty() || eof) && tx.send(Ok(chunk)).is_err() {
@@ -305,7 +350,9 @@ struct Workers {
     writes_sent: u64,
     writes_taken: u64,
     read: std::sync::mpsc::SyncSender<Vec<Wants>>,
-    loaded: std::sync::mpsc::Receiver<Result<Loaded, StoreError>>,
+    /// The read's result, and its list of wants back for the next one.
+    loaded: std::sync::mpsc::Receiver<(Result<Loaded, StoreError>, Vec<Wants>)>,
+    spare: Vec<Wants>,
     /// A read in flight: the shell's eviction count when it was asked for.
     read_asked: Option<u64>,
 }
@@ -324,8 +371,10 @@ impl Workers {
         let (read, rx) = std::sync::mpsc::sync_channel::<Vec<Wants>>(1);
         let (loaded_tx, loaded) = std::sync::mpsc::sync_channel(1);
         scope.spawn(move || {
-            for wants in rx {
-                if loaded_tx.send(store.read(&wants)).is_err() {
+            for mut wants in rx {
+                let read = store.read(&wants);
+                wants.clear();
+                if loaded_tx.send((read, wants)).is_err() {
                     return;
                 }
             }
@@ -337,6 +386,7 @@ impl Workers {
             writes_taken: 0,
             read,
             loaded,
+            spare: Vec::new(),
             read_asked: None,
         }
     }
@@ -354,8 +404,9 @@ impl Shell<'_> {
             return;
         }
         let none = Wants::default();
-        for vote in chunk.decoded.iter().flatten() {
-            let w = self.engine.wants(vote);
+        for (decoded, &identity) in chunk.decoded.iter().zip(&chunk.identities) {
+            let Ok(vote) = decoded else { continue };
+            let w = self.engine.wants_with_identity(vote, identity);
             if w != none {
                 wants.push(w);
             }
@@ -365,9 +416,10 @@ impl Shell<'_> {
     /// Asks the reader thread for what `chunk` needs (it runs while the
     /// engine processes the chunk before it).
     fn prefetch(&mut self, workers: &mut Workers, chunk: &Chunk) -> Result<()> {
-        let mut wants = Vec::new();
+        let mut wants = std::mem::take(&mut workers.spare);
         self.wants(chunk, &mut wants);
         if wants.is_empty() {
+            workers.spare = wants;
             return Ok(());
         }
         workers.read.send(wants).map_err(|_| stopped("reader"))?;
@@ -379,7 +431,9 @@ impl Shell<'_> {
     /// happened since they were asked for; otherwise reads on this thread.
     fn load(&mut self, workers: &mut Workers, chunk: &Chunk, wants: &mut Vec<Wants>) -> Result<()> {
         if let Some(asked) = workers.read_asked.take() {
-            let loaded = workers.loaded.recv().map_err(|_| stopped("reader"))??;
+            let (loaded, spare) = workers.loaded.recv().map_err(|_| stopped("reader"))?;
+            workers.spare = spare;
+            let loaded = loaded?;
             // Counted even when dropped: the read was made.
             self.keys_read += loaded.keys_read;
             if asked == self.evictions {
@@ -495,7 +549,8 @@ fn drive<C: Borrow<Chunk>, K: Sink>(
                 shell.prefetch(&mut workers, following.borrow())?;
             }
             let engine = &mut *shell.engine;
-            for (&(a, b, line_no), decoded) in chunk.lines.iter().zip(&chunk.decoded) {
+            let lines = chunk.lines.iter().zip(&chunk.decoded);
+            for ((&(a, b, line_no), decoded), &identity) in lines.zip(&chunk.identities) {
                 let line = &chunk.buf[a..b];
                 summary.lines = line_no;
                 match decoded {
@@ -503,7 +558,7 @@ fn drive<C: Borrow<Chunk>, K: Sink>(
                         summary.rejected += 1;
                         sink.rejected(r, line, line_no)?;
                     }
-                    Ok(vote) => match engine.process(vote, &mut updates) {
+                    Ok(vote) => match engine.process_with_identity(vote, identity, &mut updates) {
                         Outcome::Accepted => sink.updates(&mut updates)?,
                         Outcome::Duplicate => {}
                         Outcome::Late(r) => {

@@ -152,7 +152,7 @@ impl Session {
             self.metrics.score_update(u, now_s);
             let key = u.series.inference_id.as_bytes();
             result = score_update_events(u, &processed_at, |route, json| {
-                self.emit(tp, route, Some(key), json.into_bytes())
+                self.emit(tp, route, Some(key), json)
             });
             if result.is_err() {
                 break;
