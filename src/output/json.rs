@@ -63,7 +63,7 @@ impl<'a> Json<'a> {
         }
     }
 
-    pub fn close(self) {
+    pub fn close(&mut self) {
         self.out.push(self.end);
     }
 
