@@ -418,7 +418,7 @@ pub fn merge_board(
             continue;
         };
         let key = BoardKey {
-            model_id: r.model_id.as_deref().map(Arc::from),
+            model_id: r.model_id.as_deref().map(crate::input::Id::from),
             voter_prompt_id: r.voter_prompt_id.as_str().into(),
         };
         rows.entry(key).or_default().add(&BoardRow {

@@ -11,7 +11,7 @@
 //! in any order gives the same integers, so α for a whole consumer group is
 //! exactly α of one pass.
 
-use std::sync::Arc;
+use crate::input::Id;
 
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
@@ -281,7 +281,7 @@ mod tests {
 
 /// A reviewer's row identity: (voter_prompt_id, voter_id), in the store's
 /// key order (a rubric's reviewers are one prefix).
-pub type ReviewerKey = (Arc<str>, Arc<str>);
+pub type ReviewerKey = (Id, Id);
 
 /// A reviewer's cached numbers. `base` is what the store holds (`None`:
 /// not read yet; the shell reads it before the next drain, see
@@ -296,14 +296,14 @@ pub(super) struct ReviewerEntry {
 
 /// Approximate memory of a cached reviewer: its slot and the voter id's
 /// heap block (the rubric's is shared with the series).
-pub(super) fn reviewer_bytes(voter_id: &str) -> usize {
-    super::cache::slot::<(ReviewerKey, ReviewerEntry)>() + super::cache::block(16 + voter_id.len())
+pub(super) fn reviewer_bytes(voter_id: &Id) -> usize {
+    super::cache::slot::<(ReviewerKey, ReviewerEntry)>() + super::cache::id_block(voter_id)
 }
 
 impl Engine {
     /// Adds a closed batch's counted votes to its rubric's sums and its
     /// reviewers, when they form a unit (≥ 2 votes).
-    pub(super) fn note_unit(&mut self, rubric: &Arc<str>, counted: &[Entry]) {
+    pub(super) fn note_unit(&mut self, rubric: &Id, counted: &[Entry]) {
         if counted.len() < 2 {
             return;
         }
@@ -356,12 +356,12 @@ impl Engine {
     }
 
     /// Sets the agreement sums read from the store (after [`Engine::restore`]).
-    pub fn restore_agreement(&mut self, rows: impl IntoIterator<Item = (Arc<str>, RubricSums)>) {
+    pub fn restore_agreement(&mut self, rows: impl IntoIterator<Item = (Id, RubricSums)>) {
         self.agreement = rows.into_iter().collect();
     }
 
     /// The partition's agreement sums per rubric (`query_index` only).
-    pub fn agreement(&self) -> &FxHashMap<Arc<str>, RubricSums> {
+    pub fn agreement(&self) -> &FxHashMap<Id, RubricSums> {
         &self.agreement
     }
 

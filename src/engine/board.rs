@@ -8,7 +8,7 @@
 //! over millions of updates, and two instances that summed the same scores
 //! in another order would disagree.
 
-use std::sync::Arc;
+use crate::input::Id;
 
 use serde::{Deserialize, Serialize};
 
@@ -17,8 +17,8 @@ use super::SeriesState;
 /// One leaderboard row's identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BoardKey {
-    pub model_id: Option<Arc<str>>,
-    pub voter_prompt_id: Arc<str>,
+    pub model_id: Option<Id>,
+    pub voter_prompt_id: Id,
 }
 
 /// One leaderboard row (sums over the series with `update_seq ≥ 1`).
@@ -78,10 +78,10 @@ impl BoardRow {
 /// contribution.
 pub type Placement = (BoardKey, Option<BoardRow>);
 
-pub fn placement(voter_prompt_id: &Arc<str>, s: &SeriesState) -> Placement {
+pub fn placement(voter_prompt_id: &Id, s: &SeriesState) -> Placement {
     (
         BoardKey {
-            model_id: s.model_id.as_deref().map(Arc::from),
+            model_id: s.model_id.as_deref().map(Id::from),
             voter_prompt_id: voter_prompt_id.clone(),
         },
         BoardRow::of(s),

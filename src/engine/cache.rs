@@ -9,7 +9,7 @@
 
 use super::agreement::reviewer_bytes;
 use super::{vote_identity, Engine, SeriesKey, SeriesState};
-use crate::input::Vote;
+use crate::input::{Id, Vote};
 use crate::time::Nanos;
 
 /// What a vote needs in the cache before [`Engine::process`] and the cache
@@ -55,6 +55,12 @@ impl std::hash::Hash for IdKey {
 impl From<u128> for IdKey {
     fn from(id: u128) -> IdKey {
         IdKey([(id >> 64) as u64, id as u64])
+    }
+}
+
+impl From<IdKey> for u128 {
+    fn from(k: IdKey) -> u128 {
+        (u128::from(k.0[0]) << 64) | u128::from(k.0[1])
     }
 }
 
@@ -117,16 +123,25 @@ pub(super) const fn block(bytes: usize) -> usize {
 /// Approximate memory of a cached identity: its hash table slot.
 pub(super) const IDENTITY_BYTES: usize = slot::<(IdKey, IdentityEntry)>();
 
+/// The heap block of an id: none for one short enough to be held inline.
+pub(super) fn id_block(id: &Id) -> usize {
+    if id.is_heap_allocated() {
+        // The shared string's reference counts, then its bytes.
+        block(16 + id.len())
+    } else {
+        0
+    }
+}
+
 /// Approximate memory of a cached series: its slot, its entry's heap
-/// block, and the heap blocks of the key's two strings (shared with open
+/// block, and the heap blocks of the key's two ids (shared with open
 /// batches, counted here) and of the model id.
-pub(super) fn series_bytes(inference_id: &str, voter_prompt_id: &str, s: &SeriesState) -> usize {
-    const ARC_HEADER: usize = 16;
+pub(super) fn series_bytes(inference_id: &Id, voter_prompt_id: &Id, s: &SeriesState) -> usize {
     slot::<(SeriesKey, Box<SeriesEntry>)>()
         + block(std::mem::size_of::<SeriesEntry>())
-        + block(ARC_HEADER + inference_id.len())
-        + block(ARC_HEADER + voter_prompt_id.len())
-        + s.model_id.as_ref().map_or(0, |m| block(m.len()))
+        + id_block(inference_id)
+        + id_block(voter_prompt_id)
+        + s.model_id.as_ref().map_or(0, id_block)
         + if s.companion_scores.is_empty() {
             0
         } else {
@@ -135,10 +150,13 @@ pub(super) fn series_bytes(inference_id: &str, voter_prompt_id: &str, s: &Series
 }
 
 /// Approximate bytes of one voter waiting in the change list.
-pub(super) fn voter_bytes(key: &SeriesKey, voter: &str) -> usize {
-    // The entry (two Arc clones of the key, one of the voter) and the
-    // record it becomes.
-    std::mem::size_of::<(SeriesKey, std::sync::Arc<str>)>()
+pub(super) fn voter_bytes(key: &SeriesKey, voter: &Id) -> usize {
+    // The entry (clones of the key and of the voter) and the record it
+    // becomes.
+    std::mem::size_of::<(SeriesKey, Id)>()
+        + id_block(&key.inference_id)
+        + id_block(&key.voter_prompt_id)
+        + id_block(voter)
         + 16
         + key.inference_id.len()
         + key.voter_prompt_id.len()
@@ -398,7 +416,7 @@ impl Engine {
             .query_index
             .then(|| super::board::placement(&key.voter_prompt_id, &e.state));
         e.state.model_id = model_id.map(Into::into);
-        self.cache_bytes += model_id.map_or(0, |m| block(m.len()));
+        self.cache_bytes += e.state.model_id.as_ref().map_or(0, id_block);
         if let Some(before) = before {
             let after = super::board::placement(&key.voter_prompt_id, &e.state);
             self.move_on_board(before, after);

@@ -15,8 +15,8 @@ pub mod score;
 
 pub use identity::{derived_vote_id, vote_identity};
 
+use crate::input::Id;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
@@ -118,14 +118,14 @@ impl EngineConfig {
 /// A series: one inference under one rubric.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SeriesKey {
-    pub inference_id: Arc<str>,
-    pub voter_prompt_id: Arc<str>,
+    pub inference_id: Id,
+    pub voter_prompt_id: Id,
 }
 
 /// What is remembered of a series between batches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SeriesState {
-    pub model_id: Option<Box<str>>,
+    pub model_id: Option<Id>,
     pub score: f64,
     /// T of the most recently scored batch (None before the first update).
     pub last_vote_at: Option<Nanos>,
@@ -170,7 +170,7 @@ impl SeriesState {
 /// older directories and changelogs.
 #[derive(Debug, Clone, Deserialize)]
 pub struct SeriesStateV1 {
-    pub model_id: Option<Box<str>>,
+    pub model_id: Option<Id>,
     pub score: f64,
     pub last_vote_at: Option<Nanos>,
     pub update_seq: u64,
@@ -242,8 +242,8 @@ pub struct BatchKey {
 /// One accepted vote inside an open batch.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
-    pub voter_id: Arc<str>,
-    pub vote_id: Arc<str>,
+    pub voter_id: Id,
+    pub vote_id: Id,
     pub value: Option<f64>,
     pub weight: f64,
     pub timestamp: Nanos,
@@ -289,7 +289,7 @@ pub enum Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoreUpdate {
     pub series: SeriesKey,
-    pub model_id: Option<Box<str>>,
+    pub model_id: Option<Id>,
     pub update_seq: u64,
     pub score: f64,
     pub previous_score: f64,
@@ -353,6 +353,10 @@ pub struct Counters {
     pub flags: u64,
 }
 
+/// [`Engine::drain_changes`] walks a whole table instead of looking up its
+/// dirty keys once they are more than one entry in this many.
+const SCAN_WHEN_DIRTY: usize = 8;
+
 /// The state and rules of one input partition.
 ///
 /// Series states and vote identities are a bounded cache over the state
@@ -384,10 +388,10 @@ pub struct Engine {
     dirty_board: Vec<BoardKey>,
     /// Voters to record since the last drain (`query_index` only; counted
     /// in `cache_bytes` so that a replay writes them out when it fills).
-    dirty_voters: Vec<(SeriesKey, Arc<str>)>,
+    dirty_voters: Vec<(SeriesKey, Id)>,
     /// Agreement sums per rubric (`query_index` only; as many as rubrics).
-    agreement: FxHashMap<Arc<str>, RubricSums>,
-    dirty_agreement: Vec<Arc<str>>,
+    agreement: FxHashMap<Id, RubricSums>,
+    dirty_agreement: Vec<Id>,
     /// Reviewers' agreement numbers per rubric: a cache like the series'
     /// (`query_index` only).
     reviewers: FxHashMap<ReviewerKey, agreement::ReviewerEntry>,
@@ -842,6 +846,17 @@ impl Engine {
     /// Hands every change since the last drain to `sink`, in an order that
     /// is safe to apply as one atomic write.
     pub fn drain_changes(&mut self, mut sink: impl FnMut(Change<'_>)) {
+        // A mostly dirty table (a replay's bulk write) costs less in one pass
+        // than in a random lookup per dirty key; the order of the changes
+        // does not matter (one per key, applied as one write).
+        if self.dirty_series.len() >= self.series.len() / SCAN_WHEN_DIRTY {
+            self.dirty_series.clear();
+            for (k, e) in self.series.iter_mut() {
+                if std::mem::take(&mut e.dirty) {
+                    sink(Change::Series(k, &e.state));
+                }
+            }
+        }
         for k in self.dirty_series.drain(..) {
             if let Some(e) = self.series.get_mut(&k) {
                 e.dirty = false;
@@ -858,6 +873,15 @@ impl Engine {
         }
         for k in self.deleted_batches.drain(..) {
             sink(Change::Batch(&k, None));
+        }
+        if self.dirty_dedupe.len() >= self.dedupe.len() / SCAN_WHEN_DIRTY {
+            self.dirty_dedupe.clear();
+            for (&k, e) in self.dedupe.iter_mut() {
+                if e.set_dirty(false) {
+                    let id = u128::from(k);
+                    sink(Change::Dedupe(id, e.at, self.replaced_dedupe.remove(&id)));
+                }
+            }
         }
         for id in self.dirty_dedupe.drain(..) {
             if let Some(e) = self.dedupe.get_mut(&id.into()) {

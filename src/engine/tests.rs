@@ -334,7 +334,7 @@ impl Model {
         e.restore_agreement(
             self.agreement
                 .iter()
-                .map(|(k, a)| (Arc::from(k.as_str()), *a)),
+                .map(|(k, a)| (Id::from(k.as_str()), *a)),
         );
         e
     }

@@ -6,8 +6,6 @@
 
 mod decode;
 
-use std::sync::Arc;
-
 use crate::time::{format_timestamp, parse_timestamp, Nanos};
 pub use decode::{RawVote, Scalar};
 
@@ -60,18 +58,23 @@ impl Rejection {
     }
 }
 
+/// An id (inference, voter, rubric, vote, model): up to 23 bytes inline,
+/// so the usual ids cost no allocation, and a clone is a copy (a longer
+/// one is shared, counted). Serialized as a string, as `Arc<str>` was.
+pub type Id = smol_str::SmolStr;
+
 /// A validated vote. Ids are opaque strings (integers already turned into
 /// their decimal form).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Vote {
-    pub inference_id: Arc<str>,
-    pub voter_id: Arc<str>,
-    pub voter_prompt_id: Arc<str>,
+    pub inference_id: Id,
+    pub voter_id: Id,
+    pub voter_prompt_id: Id,
     /// `None` is an abstention.
     pub value: Option<f64>,
     pub timestamp: Nanos,
-    pub vote_id: Option<Arc<str>>,
-    pub model_id: Option<Box<str>>,
+    pub vote_id: Option<Id>,
+    pub model_id: Option<Id>,
     pub weight: f64,
     pub inference_time: Option<Nanos>,
 }
@@ -121,7 +124,7 @@ fn validate(raw: RawVote<'_>, opts: &DecodeOptions) -> Result<Vote, Rejection> {
     let voter_id = id_field("voter_id", raw.voter_id)?;
     let voter_prompt_id = match id_field("voter_prompt_id", raw.voter_prompt_id)? {
         Some(v) => Some(v),
-        None => opts.default_voter_prompt_id.as_deref().map(Arc::from),
+        None => opts.default_voter_prompt_id.as_deref().map(Id::from),
     };
     let (Some(inference_id), Some(voter_id), Some(voter_prompt_id)) = (
         inference_id.clone(),
@@ -210,7 +213,7 @@ fn check_len<'s>(name: &str, s: &'s str) -> Result<&'s str, Rejection> {
 }
 
 /// An id: a string of 1..=256 bytes or an integer (its decimal form). Null is absent.
-fn id_field(name: &str, v: Option<Scalar<'_>>) -> Result<Option<Arc<str>>, Rejection> {
+fn id_field(name: &str, v: Option<Scalar<'_>>) -> Result<Option<Id>, Rejection> {
     match v {
         None | Some(Scalar::Null) => Ok(None),
         Some(Scalar::Str(s)) => Ok(Some(check_len(name, s.as_ref())?.into())),

@@ -852,7 +852,7 @@ impl Store {
         engine.restore_agreement(
             agreement
                 .into_iter()
-                .map(|(k, s)| (std::sync::Arc::from(k), s)),
+                .map(|(k, s)| (crate::input::Id::from(k), s)),
         );
         Ok((engine, stats))
     }

@@ -110,7 +110,7 @@ struct Partitions {
     open: HashMap<String, (u64, u64)>,
     /// Agreement sums already counted, per partition and rubric (set when
     /// a partition is taken into service, moved after each commit).
-    agreement: HashMap<String, HashMap<Arc<str>, RubricSums>>,
+    agreement: HashMap<String, HashMap<crate::input::Id, RubricSums>>,
 }
 
 /// The process's metrics. Cheap to share (`Arc`). Counters and histograms
@@ -412,7 +412,11 @@ impl Metrics {
 
     /// A partition's agreement sums as it is taken into service: counted
     /// from here on (what was committed before counts where it happened).
-    pub fn agreement_baseline(&self, partition: &str, sums: &FxHashMap<Arc<str>, RubricSums>) {
+    pub fn agreement_baseline(
+        &self,
+        partition: &str,
+        sums: &FxHashMap<crate::input::Id, RubricSums>,
+    ) {
         let base = sums.iter().map(|(k, v)| (k.clone(), *v)).collect();
         lock(&self.partitions)
             .agreement
@@ -423,7 +427,11 @@ impl Metrics {
     /// what was committed since the last call (so a cycle that is aborted
     /// and redone counts once, and PromQL α over the group's counters
     /// equals α of the committed sums).
-    pub fn agreement_committed(&self, partition: &str, sums: &FxHashMap<Arc<str>, RubricSums>) {
+    pub fn agreement_committed(
+        &self,
+        partition: &str,
+        sums: &FxHashMap<crate::input::Id, RubricSums>,
+    ) {
         let mut g = lock(&self.partitions);
         let folded = g.agreement.entry(partition.to_owned()).or_default();
         let mut t = lock(&self.series);
