@@ -50,18 +50,30 @@ fn to_json<T: Serialize>(v: &T) -> String {
     }
 }
 
-/// `score_updated` as one JSON object, appended to `out`.
-fn write_score_updated(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
+/// The fields both score events start with, in their order (the object
+/// is left open).
+fn score_event<'a>(
+    out: &'a mut Vec<u8>,
+    kind: &str,
+    u: &ScoreUpdate,
+    processed_at: &str,
+) -> Json<'a> {
     let mut o = Json::object(out);
-    o.str("type", "score_updated")
+    o.str("type", kind)
         .u64("schema_version", SCHEMA_VERSION.into())
         .str("processed_at", processed_at)
         .str("inference_id", &u.series.inference_id)
         .str("voter_prompt_id", &u.series.voter_prompt_id)
         .opt_str("model_id", u.model_id.as_deref())
         .u64("update_seq", u.update_seq)
-        .f64("score", u.score)
-        .f64("previous_score", u.previous_score)
+        .f64("score", u.score);
+    o
+}
+
+/// `score_updated` as one JSON object, appended to `out`.
+fn write_score_updated(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
+    let mut o = score_event(out, "score_updated", u, processed_at);
+    o.f64("previous_score", u.previous_score)
         .f64("alpha", u.alpha)
         .f64("freshness", 1.0 - u.alpha)
         .f64("delta_t_seconds", u.delta_t_seconds)
@@ -104,16 +116,8 @@ fn write_score_updated(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
 /// `ambiguity_flagged` as one JSON object (only for ambiguous updates),
 /// appended to `out`.
 fn write_ambiguity_flagged(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
-    let mut o = Json::object(out);
-    o.str("type", "ambiguity_flagged")
-        .u64("schema_version", SCHEMA_VERSION.into())
-        .str("processed_at", processed_at)
-        .str("inference_id", &u.series.inference_id)
-        .str("voter_prompt_id", &u.series.voter_prompt_id)
-        .opt_str("model_id", u.model_id.as_deref())
-        .u64("update_seq", u.update_seq)
-        .f64("score", u.score)
-        .f64("variance", u.variance)
+    let mut o = score_event(out, "ambiguity_flagged", u, processed_at);
+    o.f64("variance", u.variance)
         .f64("threshold", u.params.variance_threshold)
         .f64("mean_vote", u.mean_vote);
     let mut votes = o.open_array("votes");
