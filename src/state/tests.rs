@@ -1,4 +1,5 @@
 use super::*;
+use crate::engine::Change;
 
 #[test]
 fn series_keys_round_trip_and_prefix_by_inference() {

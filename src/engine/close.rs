@@ -1,0 +1,175 @@
+//! The close step (SPEC §2 (5)–(6), §3): which batches a watermark or a
+//! full batch closes, in what order, and the score update each closed
+//! batch makes of its series.
+
+use super::*;
+
+impl Engine {
+    /// The single close step: the full batch (if any) and every batch whose
+    /// window the watermark has closed, in (window start, series, seq) order.
+    pub(super) fn close_ready(&mut self, full: Option<BatchKey>, out: &mut Vec<ScoreUpdate>) {
+        let wm = self.meta.watermark;
+        let mut ready: Vec<BatchKey> = Vec::new();
+        for k in self.batches.keys() {
+            if !self.cfg.is_closed(k.window_start, wm) {
+                break;
+            }
+            ready.push(k.clone());
+        }
+        if let Some(f) = full {
+            if !ready.contains(&f) {
+                let at = ready.partition_point(|k| k < &f);
+                ready.insert(at, f);
+            }
+        }
+        for k in ready {
+            self.close_batch(&k, out);
+        }
+    }
+
+    pub(super) fn close_batch(&mut self, key: &BatchKey, out: &mut Vec<ScoreUpdate>) {
+        let Some(batch) = self.batches.remove(key) else {
+            return;
+        };
+        if batch.stored {
+            self.deleted_batches.push(key.clone());
+        }
+        let open_key = (key.series.clone(), key.window_start);
+        if self.open.get(&open_key) == Some(&key.seq) {
+            self.open.remove(&open_key);
+        }
+        let accepted = batch.entries.len() as u64;
+        let superseded = batch.entries.iter().filter(|e| !e.live).count() as u32;
+        let abstentions = batch
+            .entries
+            .iter()
+            .filter(|e| e.live && e.value.is_none())
+            .count() as u32;
+        let mut counted: Vec<Entry> = batch
+            .entries
+            .into_iter()
+            .filter(|e| e.live && e.value.is_some())
+            .collect();
+        // Timestamp, then arrival order (the sort is stable).
+        counted.sort_by_key(|e| e.timestamp);
+        self.counters.abstentions += u64::from(abstentions);
+        if self.cfg.query_index {
+            self.note_unit(&key.series.voter_prompt_id, &counted);
+        }
+        let cfg = &self.cfg;
+        // An open batch pins its series in the cache, so it is here.
+        let Some(entry) = self.series.get_mut(&key.series) else {
+            return;
+        };
+        entry.pins = entry.pins.saturating_sub(1);
+        if !std::mem::replace(&mut entry.dirty, true) {
+            self.dirty_series.push(key.series.clone());
+        }
+        let state = &mut entry.state;
+        state.abstentions += u64::from(abstentions);
+        state.pending = state.pending.saturating_sub(accepted);
+        if counted.is_empty() {
+            return;
+        }
+        let params = cfg.params(&key.series.voter_prompt_id).clone();
+        let pairs: Vec<(f64, f64)> = counted
+            .iter()
+            .map(|e| (e.value.unwrap_or_default(), e.weight))
+            .collect();
+        let m = score::moments(&pairs);
+        let agg = score::aggregate(&pairs, m.mean, params.aggregator, params.temperature);
+        let first = counted
+            .iter()
+            .map(|e| e.timestamp)
+            .min()
+            .unwrap_or_default();
+        let last = counted
+            .iter()
+            .map(|e| e.timestamp)
+            .max()
+            .unwrap_or_default();
+        let unscored = state.last_vote_at.is_none() || state.update_seq == 0;
+        let (prev_score, t_prev) = match state.last_vote_at {
+            Some(t) if !unscored => (state.score, t),
+            _ => {
+                let from_inference = counted.iter().filter_map(|e| e.inference_time).min();
+                (
+                    cfg.initial_score,
+                    from_inference.unwrap_or(last - cfg.initial_gap_ns),
+                )
+            }
+        };
+        let dt_ns = (last - t_prev).max(0);
+        let dt_seconds = dt_ns as f64 / NANOS_PER_SEC as f64;
+        let alpha = score::decay(params.lambda, dt_seconds, params.time_unit);
+        let new_score = score::update(alpha, prev_score, agg);
+        let companions: Vec<(f64, f64)> = cfg
+            .companions
+            .iter()
+            .enumerate()
+            .map(|(k, d)| {
+                let (lambda, unit) = d.params(&key.series.voter_prompt_id);
+                let prev = match state.companion_scores.get(k) {
+                    Some(&s) if !unscored => s,
+                    _ => prev_score,
+                };
+                let a = score::decay(lambda, dt_seconds, unit);
+                (prev, score::update(a, prev, agg))
+            })
+            .collect();
+        if !companions.is_empty() {
+            state.companion_scores = companions.iter().map(|c| c.1).collect();
+        }
+        let ambiguous = score::is_ambiguous(
+            counted.len(),
+            m.variance,
+            cfg.min_votes,
+            params.variance_threshold,
+        );
+        let before = cfg
+            .query_index
+            .then(|| board::placement(&key.series.voter_prompt_id, state));
+        state.score = new_score;
+        state.last_vote_at = Some(last);
+        state.update_seq += 1;
+        state.votes += counted.len() as u64;
+        state.ambiguous = ambiguous;
+        let previous_mean_vote = state.last_mean_vote.replace(m.mean);
+        let after = before
+            .is_some()
+            .then(|| board::placement(&key.series.voter_prompt_id, state));
+        self.counters.score_updates += 1;
+        if ambiguous {
+            self.counters.flags += 1;
+        }
+        out.push(ScoreUpdate {
+            series: key.series.clone(),
+            model_id: state.model_id.clone(),
+            update_seq: state.update_seq,
+            score: new_score,
+            previous_score: prev_score,
+            previous_mean_vote,
+            series_votes: state.votes,
+            alpha,
+            delta_t_seconds: dt_seconds,
+            ambiguous,
+            window_seconds: cfg.window_seconds,
+            params,
+            window_start: key.window_start,
+            window_end: (cfg.window_ns > 0).then(|| key.window_start + cfg.window_ns),
+            first_vote_at: first,
+            last_vote_at: last,
+            abstentions,
+            superseded,
+            weight_sum: m.weight_sum,
+            mean_vote: m.mean,
+            aggregate: agg,
+            variance: m.variance,
+            votes: counted,
+            companions,
+        });
+        if let (Some(from), Some(to)) = (before, after) {
+            self.move_on_board(from, to);
+        }
+    }
+}

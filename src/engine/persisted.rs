@@ -1,0 +1,171 @@
+//! What the engine keeps per partition and the state store persists:
+//! series (with the layouts older formats stored), batches and their
+//! entries, the partition values.
+
+use serde::{Deserialize, Serialize};
+
+use super::EngineConfig;
+use crate::input::Id;
+use crate::time::Nanos;
+
+/// A series: one inference under one rubric.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SeriesKey {
+    pub inference_id: Id,
+    pub voter_prompt_id: Id,
+}
+
+/// What is remembered of a series between batches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SeriesState {
+    pub model_id: Option<Id>,
+    pub score: f64,
+    /// T of the most recently scored batch (None before the first update).
+    pub last_vote_at: Option<Nanos>,
+    pub update_seq: u64,
+    /// Abstentions (not superseded) in every closed batch.
+    pub abstentions: u64,
+    /// Counted votes in every scored batch.
+    pub votes: u64,
+    /// The last update's ambiguity flag (false before one).
+    pub ambiguous: bool,
+    /// Accepted votes in the series' open batches.
+    pub pending: u64,
+    /// The last scored batch's mean vote (None before the first update):
+    /// the backtest's naive forecast of the next batch (SPEC §10).
+    pub last_mean_vote: Option<f64>,
+    /// The score under each of [`EngineConfig::companions`] (empty
+    /// without them).
+    pub companion_scores: Box<[f64]>,
+}
+
+impl SeriesState {
+    /// A series before its first vote: the initial score, nothing counted;
+    /// its companion scores sized now, so that its bytes in the cache never
+    /// change.
+    pub fn new(model_id: Option<&str>, cfg: &EngineConfig) -> SeriesState {
+        SeriesState {
+            model_id: model_id.map(Into::into),
+            score: cfg.initial_score,
+            last_vote_at: None,
+            update_seq: 0,
+            abstentions: 0,
+            votes: 0,
+            ambiguous: false,
+            pending: 0,
+            last_mean_vote: None,
+            companion_scores: vec![cfg.initial_score; cfg.companions.len()].into(),
+        }
+    }
+}
+
+/// [`SeriesState`] as stored before the query API (format ≤ 3), read from
+/// older directories and changelogs.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SeriesStateV1 {
+    pub model_id: Option<Id>,
+    pub score: f64,
+    pub last_vote_at: Option<Nanos>,
+    pub update_seq: u64,
+    pub abstentions: u64,
+    pub votes: u64,
+}
+
+impl From<SeriesStateV1> for SeriesState {
+    fn from(v: SeriesStateV1) -> SeriesState {
+        SeriesState {
+            model_id: v.model_id,
+            score: v.score,
+            last_vote_at: v.last_vote_at,
+            update_seq: v.update_seq,
+            abstentions: v.abstentions,
+            votes: v.votes,
+            ambiguous: false,
+            pending: 0,
+            last_mean_vote: None,
+            companion_scores: Box::default(),
+        }
+    }
+}
+
+/// [`SeriesState`] as format 4 stored it (before `last_mean_vote`): the
+/// format-3 fields, then two more (postcard lays a nested struct out
+/// inline, field after field).
+#[derive(Debug, Clone, Deserialize)]
+pub struct SeriesStateV4 {
+    pub v1: SeriesStateV1,
+    pub ambiguous: bool,
+    pub pending: u64,
+}
+
+impl From<SeriesStateV4> for SeriesState {
+    fn from(v: SeriesStateV4) -> SeriesState {
+        SeriesState {
+            ambiguous: v.ambiguous,
+            pending: v.pending,
+            ..v.v1.into()
+        }
+    }
+}
+
+/// [`SeriesState`] as stored before `companion_scores`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct SeriesStateV5 {
+    pub v4: SeriesStateV4,
+    pub last_mean_vote: Option<f64>,
+}
+
+impl From<SeriesStateV5> for SeriesState {
+    fn from(v: SeriesStateV5) -> SeriesState {
+        SeriesState {
+            last_mean_vote: v.last_mean_vote,
+            ..v.v4.into()
+        }
+    }
+}
+
+/// A batch's place in the close order: (window start, series, opening order).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BatchKey {
+    pub window_start: Nanos,
+    pub series: SeriesKey,
+    pub seq: u64,
+}
+
+/// One accepted vote inside an open batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    pub voter_id: Id,
+    pub vote_id: Id,
+    pub value: Option<f64>,
+    pub weight: f64,
+    pub timestamp: Nanos,
+    pub inference_time: Option<Nanos>,
+    /// False once another vote of the same voter replaced it.
+    pub live: bool,
+}
+
+/// An open batch; entries are in arrival order.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Batch {
+    pub entries: Vec<Entry>,
+    /// Live, non-null entries.
+    pub counted: u32,
+    #[serde(skip)]
+    pub(super) dirty: bool,
+    /// Whether the store holds a version of this batch (so that closing it
+    /// needs a delete; a batch opened and closed between two writes never
+    /// reaches the store at all).
+    #[serde(skip)]
+    pub(super) stored: bool,
+}
+
+/// Partition-wide values.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Meta {
+    pub watermark: Option<Nanos>,
+    pub next_batch_seq: u64,
+    /// Unused since vote identities expire in the state store (kept so
+    /// that stored `Meta` records keep their layout).
+    pub swept_before: Option<Nanos>,
+}
