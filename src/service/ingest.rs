@@ -9,7 +9,7 @@ use super::client::{outbox_partition, send, Out, Tp};
 use super::error::Result;
 use super::reconcile::origin;
 use super::session::{not_assigned, Session};
-use crate::engine::{Outcome, Wants};
+use crate::engine::{vote_identity, Outcome, Wants};
 use crate::input::{check_future_skew, decode_vote, dlq_payload, Rejection};
 use crate::output::{score_update_events, vote_rejected_json, Route, Source};
 use crate::time::{format_timestamp, wall_clock, Nanos};
@@ -66,11 +66,15 @@ impl Session {
             Ok(vote) => {
                 let part = self.parts.get_mut(tp).ok_or_else(|| not_assigned(tp))?;
                 // Series and identity from RocksDB when the cache lacks them.
-                let wants = part.engine.wants(&vote);
+                let identity = vote_identity(&vote);
+                let wants = part.engine.wants_with_identity(&vote, identity);
                 if wants != Wants::default() {
                     part.store.provide(&mut part.engine, &[wants])?;
                 }
-                match part.engine.process(&vote, &mut self.updates) {
+                match part
+                    .engine
+                    .process_with_identity(&vote, identity, &mut self.updates)
+                {
                     Outcome::Accepted if self.updates.is_empty() => None,
                     Outcome::Accepted => {
                         self.emit_updates(tp, now)?;
