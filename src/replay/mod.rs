@@ -1,26 +1,24 @@
 //! `jurystream replay`: a JSONL file as one partition → the engine → stdout.
 
 use std::borrow::Borrow;
-use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
+use std::io::{BufReader, IsTerminal, Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
 use crate::config::Config;
-use crate::engine::{vote_identity, Engine, Outcome, ScoreUpdate, Wants};
-use crate::input::{decode_vote, DecodeOptions, Rejection, Vote};
-use crate::state::{BulkWrite, Loaded, Store, StoreError};
+use crate::engine::{Engine, Outcome, ScoreUpdate};
+use crate::input::{DecodeOptions, Rejection};
+use crate::state::Store;
 
+mod chunks;
 mod encode;
+mod shell;
 
+pub(crate) use chunks::{read_chunks, Chunk};
 use encode::encode_events;
-
-/// Pending changes (series, batches, identities) above which the engine's
-/// change list is pruned of batches that closed unwritten. The rest of it
-/// is bounded by the cache (dirty entries count against it) and the open
-/// batches: the state is written only when the cache is full, or at the end.
-const PRUNE_AT: usize = 200_000;
+use shell::{Shell, Workers};
 
 /// Options of one replay run.
 pub struct ReplayOptions<'a> {
@@ -144,16 +142,7 @@ pub fn run(
         let metrics = opts.metrics.clone();
         let encoder = scope.spawn(move || encode_events(batches, out, metrics));
         let result = (|| -> Result<ReplaySummary> {
-            let mut shell = Shell {
-                engine: &mut engine,
-                store: &store,
-                budget: cfg.cache_bytes(),
-                persist,
-                evictions: 0,
-                load_time: Duration::ZERO,
-                wait_time: Duration::ZERO,
-                keys_read: 0,
-            };
+            let mut shell = Shell::new(&mut engine, &store, cfg.cache_bytes(), persist);
             let summary = process_lines(
                 BufReader::with_capacity(1 << 20, file),
                 &decode,
@@ -162,9 +151,9 @@ pub fn run(
                 total_bytes,
             )?;
             tracing::debug!(
-                load_ms = shell.load_time.as_millis() as u64,
-                wait_ms = shell.wait_time.as_millis() as u64,
-                keys_read = shell.keys_read,
+                load_ms = shell.load_time().as_millis() as u64,
+                wait_ms = shell.wait_time().as_millis() as u64,
+                keys_read = shell.keys_read(),
                 "replay: time waiting for the state store (reads; its writer thread), keys read"
             );
             let mut updates = Vec::new();
@@ -198,311 +187,6 @@ pub fn run(
             (Ok(summary), Ok(events)) => Ok(ReplaySummary { events, ..summary }),
         }
     })
-}
-
-/// A run of input lines, read and decoded off the engine's thread.
-///
-/// Dropped, it goes back to the reader that filled it, to be filled again:
-/// the engine thread then neither frees its buffers (freeing one that
-/// large made glibc consolidate its heap, on the thread the replay waits
-/// for) nor the decoded votes (freed by the reader, which allocated them).
-pub(crate) struct Chunk {
-    buf: Vec<u8>,
-    /// (start, end, line number) of each non-blank line in `buf`.
-    pub(crate) lines: Vec<(usize, usize, u64)>,
-    pub(crate) decoded: Vec<Result<Vote, Rejection>>,
-    /// Each decoded vote's identity (`engine::vote_identity`, hashed here
-    /// rather than on the engine's thread; 0 for a rejected line).
-    identities: Vec<u128>,
-    /// Input bytes consumed up to the end of this chunk.
-    pub(crate) bytes: u64,
-    /// The reader's pool (`None` once the chunk is back there).
-    home: Option<std::sync::mpsc::SyncSender<Chunk>>,
-}
-
-impl Drop for Chunk {
-    fn drop(&mut self) {
-        if let Some(home) = self.home.take() {
-            // A full pool or a reader that finished: freed here instead.
-            let _ = home.try_send(Chunk {
-                buf: std::mem::take(&mut self.buf),
-                lines: std::mem::take(&mut self.lines),
-                decoded: std::mem::take(&mut self.decoded),
-                identities: std::mem::take(&mut self.identities),
-                bytes: 0,
-                home: None,
-            });
-        }
-    }
-}
-
-const CHUNK_LINES: usize = 2048;
-
-/// Chunks kept for reuse: those in flight come back as they are processed.
-const CHUNK_POOL: usize = 4;
-
-/// Reads lines and decodes them into chunks, sent to the engine thread. The
-/// order of lines is kept; decoding is pure, so doing it on another thread
-/// changes nothing but speed.
-pub(crate) fn read_chunks<R: Read>(
-    mut reader: BufReader<R>,
-    decode: &DecodeOptions,
-    tx: std::sync::mpsc::SyncSender<std::io::Result<Chunk>>,
-) {
-    let (home, pool) = std::sync::mpsc::sync_channel::<Chunk>(CHUNK_POOL);
-    let mut line_no = 0u64;
-    let mut bytes = 0u64;
-    loop {
-        let mut chunk = match pool.try_recv() {
-            Ok(mut c) => {
-                c.buf.clear();
-                c.lines.clear();
-                c.decoded.clear();
-                c.identities.clear();
-                c
-            }
-            Err(_) => Chunk {
-                buf: Vec::with_capacity(CHUNK_LINES * 256),
-                lines: Vec::with_capacity(CHUNK_LINES),
-                decoded: Vec::with_capacity(CHUNK_LINES),
-                identities: Vec::with_capacity(CHUNK_LINES),
-                bytes: 0,
-                home: None,
-            },
-        };
-        chunk.home = Some(home.clone());
-        let mut eof = false;
-        while chunk.lines.len() < CHUNK_LINES {
-            let start = chunk.buf.len();
-            let n = match reader.read_until(b'\n', &mut chunk.buf) {
-                Ok(n) => n,
-                Err(e) => {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-            };
-            if n == 0 {
-                eof = true;
-                break;
-            }
-            bytes += n as u64;
-            line_no += 1;
-            let mut end = chunk.buf.len();
-            if chunk.buf[end - 1] == b'\n' {
-                end -= 1;
-            }
-            if chunk.buf[start..end].iter().all(u8::is_ascii_whitespace) {
-                chunk.buf.truncate(start);
-                continue;
-            }
-            chunk.lines.push((start, end, line_no));
-        }
-        for &(a, b, _) in &chunk.lines {
-            let decoded = decode_vote(&chunk.buf[a..b], decode);
-            chunk
-                .identities
-                .push(decoded.as_ref().map_or(0, vote_identity));
-            chunk.decoded.push(decoded);
-        }
-        chunk.bytes = bytes;
-        if (!chunk.lines.is_empty() || eof) && tx.send(Ok(chunk)).is_err() {
-            return;
-        }
-        if eof {
-            return;
-        }
-    }
-}
-
-/// The engine and its state store: loads what a chunk needs before it, and
-/// writes and evicts after it when the cache is over its budget. Reads and
-/// writes run on their own threads ([`Workers`]) while the engine goes on.
-struct Shell<'a> {
-    engine: &'a mut Engine,
-    store: &'a Store,
-    budget: usize,
-    /// A --state-dir (identities past the retention are swept from it).
-    persist: bool,
-    /// Evictions so far (see [`Workers`]).
-    evictions: u64,
-    /// Time spent reading from the store on the engine's thread, and
-    /// waiting for its writer (debug log).
-    load_time: Duration,
-    wait_time: Duration,
-    /// Series and identity keys read from the store (debug log).
-    keys_read: usize,
-}
-
-/// The store's reader and writer threads.
-///
-/// The writer writes a drained bulk while the engine goes on; the engine
-/// evicts what it wrote once it is done. The reader reads what the next
-/// chunk needs while the engine processes this one. Its values are current
-/// unless the engine evicted meanwhile: a key the cache lacked when the
-/// read was asked for had been evicted after its last write completed, and
-/// one cached since then wins over the read value. After an eviction the
-/// shell drops the read and reads on its own thread instead.
-struct Workers {
-    write: std::sync::mpsc::SyncSender<BulkWrite>,
-    written: std::sync::mpsc::Receiver<Result<(), StoreError>>,
-    /// Writes sent, and those whose result the shell has taken (one at
-    /// most is in flight).
-    writes_sent: u64,
-    writes_taken: u64,
-    read: std::sync::mpsc::SyncSender<Vec<Wants>>,
-    /// The read's result, and its list of wants back for the next one.
-    loaded: std::sync::mpsc::Receiver<(Result<Loaded, StoreError>, Vec<Wants>)>,
-    spare: Vec<Wants>,
-    /// A read in flight: the shell's eviction count when it was asked for.
-    read_asked: Option<u64>,
-}
-
-impl Workers {
-    fn start<'s>(scope: &'s std::thread::Scope<'s, '_>, store: &'s Store) -> Workers {
-        let (write, rx) = std::sync::mpsc::sync_channel::<BulkWrite>(1);
-        let (done_tx, written) = std::sync::mpsc::sync_channel(1);
-        scope.spawn(move || {
-            for bulk in rx {
-                if done_tx.send(store.write_prepared(bulk)).is_err() {
-                    return;
-                }
-            }
-        });
-        let (read, rx) = std::sync::mpsc::sync_channel::<Vec<Wants>>(1);
-        let (loaded_tx, loaded) = std::sync::mpsc::sync_channel(1);
-        scope.spawn(move || {
-            for mut wants in rx {
-                let read = store.read(&wants);
-                wants.clear();
-                if loaded_tx.send((read, wants)).is_err() {
-                    return;
-                }
-            }
-        });
-        Workers {
-            write,
-            written,
-            writes_sent: 0,
-            writes_taken: 0,
-            read,
-            loaded,
-            spare: Vec::new(),
-            read_asked: None,
-        }
-    }
-}
-
-fn stopped(what: &str) -> anyhow::Error {
-    anyhow::anyhow!("the state {what} thread stopped")
-}
-
-impl Shell<'_> {
-    /// What `chunk` needs from the store and the cache lacks.
-    fn wants(&self, chunk: &Chunk, wants: &mut Vec<Wants>) {
-        wants.clear();
-        if self.engine.is_complete() {
-            return;
-        }
-        let none = Wants::default();
-        for (decoded, &identity) in chunk.decoded.iter().zip(&chunk.identities) {
-            let Ok(vote) = decoded else { continue };
-            let w = self.engine.wants_with_identity(vote, identity);
-            if w != none {
-                wants.push(w);
-            }
-        }
-    }
-
-    /// Asks the reader thread for what `chunk` needs (it runs while the
-    /// engine processes the chunk before it).
-    fn prefetch(&mut self, workers: &mut Workers, chunk: &Chunk) -> Result<()> {
-        let mut wants = std::mem::take(&mut workers.spare);
-        self.wants(chunk, &mut wants);
-        if wants.is_empty() {
-            workers.spare = wants;
-            return Ok(());
-        }
-        workers.read.send(wants).map_err(|_| stopped("reader"))?;
-        workers.read_asked = Some(self.evictions);
-        Ok(())
-    }
-
-    /// Loads what `chunk` needs: the prefetched values if no eviction
-    /// happened since they were asked for; otherwise reads on this thread.
-    fn load(&mut self, workers: &mut Workers, chunk: &Chunk, wants: &mut Vec<Wants>) -> Result<()> {
-        if let Some(asked) = workers.read_asked.take() {
-            let (loaded, spare) = workers.loaded.recv().map_err(|_| stopped("reader"))?;
-            workers.spare = spare;
-            let loaded = loaded?;
-            // Counted even when dropped: the read was made.
-            self.keys_read += loaded.keys_read;
-            if asked == self.evictions {
-                loaded.provide(self.engine);
-                return Ok(());
-            }
-        }
-        self.wants(chunk, wants);
-        if wants.is_empty() {
-            return Ok(());
-        }
-        let started = Instant::now();
-        self.keys_read += self.store.provide(self.engine, wants)?;
-        self.load_time += started.elapsed();
-        Ok(())
-    }
-
-    /// Waits for the write in flight (if any; or only takes its result
-    /// when it is done, without `block`), then evicts what it wrote and
-    /// is least recently used.
-    fn finish_write(&mut self, workers: &mut Workers, block: bool) -> Result<bool> {
-        if workers.writes_sent == workers.writes_taken {
-            return Ok(true);
-        }
-        let started = Instant::now();
-        let result = if block {
-            Some(workers.written.recv().map_err(|_| stopped("writer"))?)
-        } else {
-            workers.written.try_recv().ok()
-        };
-        self.wait_time += started.elapsed();
-        let Some(result) = result else {
-            return Ok(false);
-        };
-        result?;
-        workers.writes_taken += 1;
-        self.evictions += 1;
-        // Over two thirds of the budget, down to half of it.
-        self.engine.evict(self.budget - self.budget / 3);
-        Ok(true)
-    }
-
-    /// Keeps the cache within its budget: once it is three quarters full,
-    /// its changes go to the writer thread while the engine goes on, and
-    /// once they are written the least recently used entries are evicted
-    /// down to half the budget. The engine waits for the write only if the
-    /// cache reaches its budget meanwhile.
-    fn make_room(&mut self, workers: &mut Workers) -> Result<()> {
-        if self.engine.pending_changes() > PRUNE_AT {
-            self.engine.forget_closed_batches();
-        }
-        let idle = self.finish_write(workers, false)?;
-        if self.engine.cache_bytes() <= self.budget - self.budget / 4 {
-            return Ok(());
-        }
-        if !idle {
-            if self.engine.cache_bytes() <= self.budget {
-                return Ok(());
-            }
-            self.finish_write(workers, true)?;
-            if self.engine.cache_bytes() <= self.budget - self.budget / 4 {
-                return Ok(());
-            }
-        }
-        let bulk = self.store.prepare_bulk(self.engine, self.persist)?;
-        workers.write.send(bulk).map_err(|_| stopped("writer"))?;
-        workers.writes_sent += 1;
-        Ok(())
-    }
 }
 
 /// Decodes `reader` on its own thread and runs it through the shell.
@@ -592,16 +276,7 @@ pub(crate) fn run_detached<C: Borrow<Chunk>, K: Sink>(
     let tmp = tempfile::tempdir().context("cannot create a temporary state directory")?;
     let store = Store::open_temporary(tmp.path())?;
     let (mut engine, _) = store.load(cfg.engine())?;
-    let mut shell = Shell {
-        engine: &mut engine,
-        store: &store,
-        budget,
-        persist: false,
-        evictions: 0,
-        load_time: Duration::ZERO,
-        wait_time: Duration::ZERO,
-        keys_read: 0,
-    };
+    let mut shell = Shell::new(&mut engine, &store, budget, false);
     let summary = drive(chunks, &mut shell, sink, None)?;
     let mut updates = Vec::new();
     engine.close_all(&mut updates);
