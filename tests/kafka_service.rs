@@ -773,14 +773,6 @@ fn wait_committed(setup: &Setup, group: &str, n: i64, what: &str) {
     });
 }
 
-/// Lines `from..to` of `input` into a new file.
-fn slice_file(input: &std::path::Path, out: &std::path::Path, from: usize, to: usize) {
-    let text = std::fs::read_to_string(input).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    let to = to.min(lines.len());
-    std::fs::write(out, lines[from..to].join("\n") + "\n").unwrap();
-}
-
 #[test]
 fn scale_out_1_3_1_while_votes_flow_equals_one_instance() {
     let _g = serial();
