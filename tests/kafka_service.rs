@@ -305,6 +305,49 @@ fn kill_9_at_many_points_loses_and_doubles_nothing() {
     }
 }
 
+/// `at_least_once`, killed at several points (with the 100 ms cycle most
+/// kills land inside a cycle), loses no event: after the restarts the
+/// output holds every event of the replay, and nothing else (the events a
+/// redone cycle sends again are copies of the replay's).
+#[test]
+fn kill_9_at_least_once_loses_nothing_and_repeats_only_copies() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "alo", 4, "at_least_once", NO_CACHE);
+    let input = setup.dir.path().join("votes.jsonl");
+    generate_votes(&input, 40_000, 13);
+    let expected = replay(&setup.config, &input);
+    let produced = setup.produce(&input) as i64;
+    let mut svc = Service::start(&setup, "0");
+    let committed = || {
+        committed_offsets(&setup, "alo-group")
+            .values()
+            .map(|o| (*o).max(0))
+            .sum::<i64>()
+    };
+    let mut since = 0;
+    for (i, pct) in [10i64, 40, 70].into_iter().enumerate() {
+        let at = (produced * pct / 100).max(since + 1).min(produced);
+        wait_for(
+            &format!("{pct}% of the input committed"),
+            Duration::from_secs(300),
+            || (committed() >= at).then_some(()),
+        );
+        svc.kill9();
+        svc = Service::start(&setup, &format!("{}", i + 1));
+        since = committed();
+    }
+    let repeated = wait_for_every_event(&setup, &expected, Duration::from_secs(300), &svc);
+    eprintln!(
+        "{repeated} events repeated by redone cycles ({} expected)",
+        expected.len()
+    );
+    let status = svc.terminate(Duration::from_secs(30));
+    assert!(status.success(), "{}", svc.log_text());
+}
+
 /// The partitions a service log says were restored with their last cycle
 /// in doubt (events not marked delivered).
 fn in_doubt_restores(log: &str) -> usize {

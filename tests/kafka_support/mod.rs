@@ -780,6 +780,48 @@ pub fn wait_for_events(setup: &Setup, expected: &[Value], deadline: Duration, sv
     }
 }
 
+/// Waits until the output topics hold every event of `expected` at least
+/// once (`at_least_once` delivery: a cycle redone after a crash sends its
+/// events again, possibly in other cycles, so copies are found by content,
+/// not by origin header). Fails at once on an event the replay does not
+/// have. Returns how many events were repeated.
+pub fn wait_for_every_event(
+    setup: &Setup,
+    expected: &[Value],
+    deadline: Duration,
+    svc: &Service,
+) -> usize {
+    let mut want: HashMap<String, i64> = HashMap::new();
+    for e in expected {
+        *want.entry(normalize(e)).or_insert(0) += 1;
+    }
+    let end = Instant::now() + deadline;
+    loop {
+        let got = read_committed(&setup.bootstrap, &setup.output_topics());
+        let mut missing = want.clone();
+        for (topic, p, offset, _, v) in &got {
+            let n = missing.get_mut(&normalize(v)).unwrap_or_else(|| {
+                panic!(
+                    "an event the replay does not have, {topic} [{p}] offset {offset}: {v}\n{}",
+                    log_tail(svc)
+                )
+            });
+            *n -= 1;
+        }
+        let left: i64 = missing.values().map(|n| (*n).max(0)).sum();
+        if left == 0 {
+            return got.len() - expected.len();
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?}: {left} of {} events missing\n{}",
+            expected.len(),
+            log_tail(svc)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 /// The last 60 lines of `svc`'s log.
 pub fn log_tail(svc: &Service) -> String {
     let log = svc.log_text();
