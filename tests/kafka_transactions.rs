@@ -182,8 +182,10 @@ fn a_fenced_producer_stops_the_instance_without_committing() {
     let fenced_cycle = |p: i32| committed.get(&p).map_or(1, |c| c + 1);
     let before_b = read_records(&setup.bootstrap, &setup.output_topics());
     // Distinct origins: the mock shows an aborted cycle next to its redo.
-    let origins_before_b: HashSet<&str> =
-        before_b.iter().filter_map(|r| r.origin.as_deref()).collect();
+    let origins_before_b: HashSet<&str> = before_b
+        .iter()
+        .filter_map(|r| r.origin.as_deref())
+        .collect();
     assert!(
         origins_before_b.len() < expected.len(),
         "a was fenced before the end of the stream: {} of {} events\n{log}",
