@@ -51,6 +51,35 @@ fn committed_offsets(setup: &Setup, group: &str) -> HashMap<i32, i64> {
 }
 
 /// The high watermark of every input partition.
+/// Input records `group` has committed, over every partition. The kill
+/// points of the crash tests: cheap to read, so a kill lands close to its
+/// point while the instance is consuming (reading the output to a count is
+/// slower than the service, and let kills land after an instance had
+/// finished the stream).
+fn committed_input(setup: &Setup, group: &str) -> i64 {
+    committed_offsets(setup, group)
+        .values()
+        .map(|o| (*o).max(0))
+        .sum()
+}
+
+/// Waits until `group` has committed `at` input records, then kills `svc`
+/// (kill -9) and starts a new instance `tag` in its place. Returns the
+/// count committed at the kill.
+fn kill_once_committed(setup: &Setup, group: &str, at: i64, svc: &mut Service, tag: &str) -> i64 {
+    let at_kill = wait_for(
+        &format!("{at} input records committed"),
+        Duration::from_secs(300),
+        || {
+            let c = committed_input(setup, group);
+            (c >= at).then_some(c)
+        },
+    );
+    svc.kill9();
+    *svc = Service::start(setup, tag);
+    at_kill
+}
+
 fn high_watermarks(setup: &Setup) -> HashMap<i32, i64> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &setup.bootstrap)
@@ -208,16 +237,6 @@ fn kill_9_at_many_points_loses_and_doubles_nothing() {
     let expected = replay(&setup.config, &input);
     let produced = setup.produce(&input) as i64;
     let mut svc = Service::start(&setup, "0");
-    // Input records the group has committed (the kill points): cheap to
-    // read, so a kill lands close to its point, while the instance is
-    // consuming. (Reading the output to a count is slower than the service
-    // and let kills land after an instance had finished the stream.)
-    let committed = || {
-        committed_offsets(&setup, "crash-group")
-            .values()
-            .map(|o| (*o).max(0))
-            .sum::<i64>()
-    };
     // Kill at 5 points of the stream; the 100 ms commit cycle means most
     // kills land inside an open cycle, and each kill waits until the
     // current instance has committed input of its own.
@@ -226,16 +245,8 @@ fn kill_9_at_many_points_loses_and_doubles_nothing() {
     let mut restarts = Vec::new();
     for (i, pct) in [5i64, 25, 45, 65, 85].into_iter().enumerate() {
         let at = (produced * pct / 100).max(since + 1).min(produced);
-        let at_kill = wait_for(
-            &format!("{pct}% of the input committed"),
-            Duration::from_secs(300),
-            || {
-                let c = committed();
-                (c >= at).then_some(c)
-            },
-        );
-        svc.kill9();
-        svc = Service::start(&setup, &format!("{}", i + 1));
+        let at_kill =
+            kill_once_committed(&setup, "crash-group", at, &mut svc, &(i + 1).to_string());
         if mode == "exactly_once_outbox" {
             // Killed while input was left, the instance was mid-stream: each
             // partition whose last cycle had events is restored in doubt
@@ -266,7 +277,7 @@ fn kill_9_at_many_points_loses_and_doubles_nothing() {
             mid_stream_kills += usize::from(mid_stream && in_doubt_restores(&svc.log_text()) > 0);
             restarts.push(svc.log.clone());
         }
-        since = committed();
+        since = committed_input(&setup, "crash-group");
     }
     wait_for_events(&setup, &expected, Duration::from_secs(300), &svc);
     let status = svc.terminate(Duration::from_secs(30));
@@ -321,23 +332,11 @@ fn kill_9_at_least_once_loses_nothing_and_repeats_only_copies() {
     let expected = replay(&setup.config, &input);
     let produced = setup.produce(&input) as i64;
     let mut svc = Service::start(&setup, "0");
-    let committed = || {
-        committed_offsets(&setup, "alo-group")
-            .values()
-            .map(|o| (*o).max(0))
-            .sum::<i64>()
-    };
     let mut since = 0;
     for (i, pct) in [10i64, 40, 70].into_iter().enumerate() {
         let at = (produced * pct / 100).max(since + 1).min(produced);
-        wait_for(
-            &format!("{pct}% of the input committed"),
-            Duration::from_secs(300),
-            || (committed() >= at).then_some(()),
-        );
-        svc.kill9();
-        svc = Service::start(&setup, &format!("{}", i + 1));
-        since = committed();
+        kill_once_committed(&setup, "alo-group", at, &mut svc, &(i + 1).to_string());
+        since = committed_input(&setup, "alo-group");
     }
     let repeated = wait_for_every_event(&setup, &expected, Duration::from_secs(300), &svc);
     eprintln!(
@@ -814,6 +813,14 @@ fn wait_committed(setup: &Setup, group: &str, n: i64, what: &str) {
     wait_for(what, Duration::from_secs(300), || {
         (committed_offsets(setup, group).values().sum::<i64>() == n).then_some(())
     });
+}
+
+/// Lines `from..to` of `input` into a new file.
+fn slice_file(input: &std::path::Path, out: &std::path::Path, from: usize, to: usize) {
+    let text = std::fs::read_to_string(input).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let to = to.min(lines.len());
+    std::fs::write(out, lines[from..to].join("\n") + "\n").unwrap();
 }
 
 #[test]

@@ -706,14 +706,6 @@ pub fn generate_votes(path: &Path, n: usize, seed: u64) {
     }
 }
 
-/// Lines `from..to` of `input` into a new file.
-pub fn slice_file(input: &Path, out: &Path, from: usize, to: usize) {
-    let text = std::fs::read_to_string(input).unwrap();
-    let lines: Vec<&str> = text.lines().collect();
-    let to = to.min(lines.len());
-    std::fs::write(out, lines[from..to].join("\n") + "\n").unwrap();
-}
-
 /// Counts per output topic.
 pub fn count_by_topic(
     events: &[(String, i32, i64, Option<String>, Value)],
