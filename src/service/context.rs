@@ -24,7 +24,9 @@ pub type Consumer = BaseConsumer<Ctx>;
 /// first delivery failure.
 #[derive(Default)]
 pub struct ProduceCtx {
-    acked: Mutex<HashMap<Tp, i64>>,
+    /// Topic → partition → offset: a report looks its topic up by `&str`
+    /// (no allocation per acknowledged record).
+    acked: Mutex<HashMap<String, HashMap<i32, i64>>>,
     failure: Mutex<Option<KafkaError>>,
 }
 
@@ -36,7 +38,12 @@ impl ProduceCtx {
 
     /// The highest acknowledged offset of every partition written to.
     pub fn acked(&self) -> HashMap<Tp, i64> {
-        self.acked.lock().map(|m| m.clone()).unwrap_or_default()
+        let Ok(map) = self.acked.lock() else {
+            return HashMap::new();
+        };
+        map.iter()
+            .flat_map(|(topic, parts)| parts.iter().map(|(p, o)| ((topic.clone(), *p), *o)))
+            .collect()
     }
 }
 
@@ -49,9 +56,11 @@ impl ProducerContext for ProduceCtx {
         match result {
             Ok(m) => {
                 if let Ok(mut map) = self.acked.lock() {
-                    let e = map
-                        .entry((m.topic().to_owned(), m.partition()))
-                        .or_insert(-1);
+                    let parts = match map.get_mut(m.topic()) {
+                        Some(parts) => parts,
+                        None => map.entry(m.topic().to_owned()).or_default(),
+                    };
+                    let e = parts.entry(m.partition()).or_insert(-1);
                     *e = (*e).max(m.offset());
                 }
             }
