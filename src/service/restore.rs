@@ -119,8 +119,21 @@ fn catch_up(
     // read_committed reader sees is the last stable offset.
     let mut tpl = TopicPartitionList::new();
     let mut index: HashMap<Tp, usize> = HashMap::new();
+    // PartitionEOF names only the partition number: count them per number.
+    let mut want: HashMap<i32, usize> = HashMap::new();
     for (i, (tp, _, from)) in stores.iter().enumerate() {
         let topic = names.changelog(&tp.0);
+        // Nothing at or after `from` (a new partition, or a store that
+        // holds its whole changelog, as after a clean restart): skip the
+        // read, whose end-of-partition answer can take a fetch wait.
+        let (_, high) = consumer
+            .fetch_watermarks(&topic, tp.1, Duration::from_secs(10))
+            .map_err(|e| ServiceError::kafka("changelog watermarks", e))?;
+        if high <= *from {
+            tracing::debug!(topic = %topic, partition = tp.1, from, high, "changelog has nothing to restore");
+            continue;
+        }
+        *want.entry(tp.1).or_insert(0) += 1;
         let start = if *from > 0 {
             Offset::Offset(*from)
         } else {
@@ -131,14 +144,12 @@ fn catch_up(
             .map_err(|e| ServiceError::kafka("changelog reader partitions", e))?;
         index.insert((topic, tp.1), i);
     }
+    if want.is_empty() {
+        return Ok(appliers);
+    }
     consumer
         .assign(&tpl)
         .map_err(|e| ServiceError::kafka("assign the changelog", e))?;
-    // PartitionEOF names only the partition number: count them per number.
-    let mut want: HashMap<i32, usize> = HashMap::new();
-    for (tp, _, _) in stores {
-        *want.entry(tp.1).or_insert(0) += 1;
-    }
     let mut eofs: HashMap<i32, usize> = HashMap::new();
     // Give up only when the changelog stops delivering, never because it
     // is long.

@@ -240,6 +240,8 @@ fn session(
 
 fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()> {
     let commit_every = Duration::from_millis(cfg.kafka.commit_interval_ms as u64);
+    // The record's topic and partition, its name copied only when it changes.
+    let mut tp: Tp = (String::new(), -1);
     while !stop.load(Ordering::SeqCst) {
         let msg = consumer.poll(Duration::from_millis(50));
         let mut guard = consumer.context().lock();
@@ -267,7 +269,10 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
                 tracing::warn!("consumer error: {e}");
             }
             Some(Ok(m)) => {
-                let tp: Tp = (m.topic().to_owned(), m.partition());
+                if tp.0 != m.topic() {
+                    m.topic().clone_into(&mut tp.0);
+                }
+                tp.1 = m.partition();
                 if s.parts.contains_key(&tp) {
                     s.handle(&tp, m.offset(), m.key(), m.payload())?;
                 } else {
