@@ -64,6 +64,13 @@ pub struct OutEvent {
     pub payload: Vec<u8>,
 }
 
+/// An [`OutboxChunk`] to encode, its events borrowed.
+#[derive(Serialize)]
+struct OutboxChunkRef<'a> {
+    seq: u64,
+    events: &'a [OutEvent],
+}
+
 /// A slice of one cycle's outbox.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OutboxChunk {
@@ -92,31 +99,34 @@ pub fn seal_cycle(
     let mut records = Vec::new();
     let mut floors: Vec<(Route, i32, i64)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
-    let mut chunk: Vec<OutEvent> = Vec::new();
+    // Chunks are encoded from slices of the events (the same bytes as an
+    // `OutboxChunk`), without copying them.
+    let mut first = 0usize;
     let mut bytes = 0usize;
     let mut chunks = 0u32;
-    for ev in events {
+    let mut flush = |from: usize, to: usize| {
+        let chunk = OutboxChunkRef {
+            seq,
+            events: &events[from..to],
+        };
+        records.push((outbox_key(chunks), Some(encode_value(&chunk))));
+        chunks += 1;
+    };
+    for (i, ev) in events.iter().enumerate() {
         if seen.insert((ev.route, ev.partition)) {
             if let Some(o) = acked(ev.route, ev.partition) {
                 floors.push((ev.route, ev.partition, o + 1));
             }
         }
-        if !chunk.is_empty() && bytes + ev.payload.len() > CHUNK_BYTES {
-            let full = OutboxChunk {
-                seq,
-                events: std::mem::take(&mut chunk),
-            };
-            records.push((outbox_key(chunks), Some(encode_value(&full))));
-            chunks += 1;
+        if i > first && bytes + ev.payload.len() > CHUNK_BYTES {
+            flush(first, i);
+            first = i;
             bytes = 0;
         }
         bytes += ev.payload.len();
-        chunk.push(ev.clone());
     }
-    if !chunk.is_empty() {
-        let last = OutboxChunk { seq, events: chunk };
-        records.push((outbox_key(chunks), Some(encode_value(&last))));
-        chunks += 1;
+    if first < events.len() {
+        flush(first, events.len());
     }
     let marker = CycleMarker {
         seq,

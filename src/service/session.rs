@@ -180,6 +180,32 @@ pub struct Session {
     pub deadline: Option<Instant>,
     /// What the query API sees: the assigned partitions, ready or restoring.
     pub holdings: Arc<crate::api::Holdings>,
+    /// A cycle sealed to the changelog whose later steps are still under
+    /// way while the poll loop goes on (outbox mode, [`InFlight`]).
+    pub in_flight: Option<InFlight>,
+}
+
+/// A cycle whose changelog records are sent and whose later steps run
+/// while the poll loop processes the next cycle (outbox mode: its events
+/// are held, so nothing of the next cycle is visible meanwhile). At most
+/// one: the next commit first finishes it ([`Session::settle`]).
+pub struct InFlight {
+    pub stage: Stage,
+    /// The sealed partitions, each with its cycle's held events.
+    pub sealed: Vec<(Tp, Vec<OutEvent>)>,
+    /// The cycle's input offsets, for the group once its events are out.
+    pub offsets: HashMap<Tp, i64>,
+    /// When the cycle was sealed (its commit latency is measured from here).
+    pub started: Instant,
+}
+
+/// What an [`InFlight`] cycle waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// The changelog's acknowledgement; then RocksDB and the events.
+    Changelog,
+    /// The events' acknowledgement; then the group offsets.
+    Events,
 }
 
 /// The deadline for finishing (or aborting) the open cycle when partitions
@@ -260,21 +286,36 @@ impl Session {
         }
     }
 
+    /// Whether everything queued is acknowledged, without waiting (the
+    /// delivery reports received are served first).
+    pub fn acked_now(&self, what: &str) -> Result<bool> {
+        self.producer.poll(Duration::ZERO);
+        if let Some(e) = self.producer.context().take_failure() {
+            return Err(ServiceError::delivery(what, &e));
+        }
+        Ok(self.producer.in_flight_count() == 0)
+    }
+
     /// Ends the open cycle in the delivery mode's order; on failure aborts it.
     pub fn commit(&mut self, consumer: &super::context::Consumer) -> Result<()> {
         if !self.in_cycle {
             return Ok(());
         }
         let started = Instant::now();
-        // The previous cycle's RocksDB writes land before this cycle's
-        // changelog: its sweep and reviewer reads must see them.
+        // A cycle still in flight finishes first, and the previous cycle's
+        // RocksDB writes land before this cycle's changelog: its sweep and
+        // reviewer reads must see them.
         let result = self
-            .finish_writes()
+            .settle(consumer)
+            .and_then(|()| self.finish_writes())
             .and_then(|()| self.protocol.commit(self, consumer));
         match result {
             Ok(()) => {
-                self.metrics
-                    .commit_duration(started.elapsed().as_secs_f64());
+                // A cycle left in flight is measured when it ends.
+                if self.in_flight.is_none() {
+                    self.metrics
+                        .commit_duration(started.elapsed().as_secs_f64());
+                }
                 self.refresh_gauges();
                 for (tp, part) in &self.parts {
                     self.metrics.agreement_committed(
@@ -291,6 +332,31 @@ impl Session {
         }
     }
 
+    /// Moves a cycle in flight on as far as its acknowledgements allow,
+    /// without waiting (the poll loop calls this between records).
+    pub fn advance(&mut self, consumer: &super::context::Consumer) -> Result<()> {
+        if self.in_flight.is_none() {
+            return Ok(());
+        }
+        let result = self.protocol.advance(self, consumer, false);
+        if result.is_err() {
+            self.abort();
+        }
+        result
+    }
+
+    /// Finishes a cycle in flight, waiting for its acknowledgements.
+    pub fn settle(&mut self, consumer: &super::context::Consumer) -> Result<()> {
+        if self.in_flight.is_none() {
+            return Ok(());
+        }
+        let result = self.protocol.advance(self, consumer, true);
+        if result.is_err() {
+            self.abort();
+        }
+        result
+    }
+
     /// Waits for every partition's RocksDB write in flight (and evicts).
     pub fn finish_writes(&mut self) -> Result<()> {
         let budget = self.cache_share();
@@ -305,8 +371,10 @@ impl Session {
         self.cfg.cache_bytes() / self.parts.len().max(1)
     }
 
-    /// Before partitions are handed over or at shutdown.
-    pub fn hand_over(&mut self) -> Result<()> {
+    /// Before partitions are handed over or at shutdown: finishes a cycle
+    /// in flight, then the mode's hand-over.
+    pub fn hand_over(&mut self, consumer: &super::context::Consumer) -> Result<()> {
+        self.settle(consumer)?;
         self.protocol.hand_over(self)
     }
 
@@ -317,6 +385,7 @@ impl Session {
             self.protocol.abort(self);
             self.in_cycle = false;
         }
+        self.in_flight = None;
         self.offsets.clear();
         for p in self.parts.values_mut() {
             p.drop_cycle();
