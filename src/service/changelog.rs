@@ -9,7 +9,15 @@
 //! - `c` → [`CycleMarker`]
 //! - `o` index (u32 BE) → [`OutboxChunk`]
 //!
-//! Everything here but [`read_marker`] and [`read_outbox`] is pure.
+//! The live service keeps its last cycle's outbox chunks in a file of the
+//! partition's directory ([`OUTBOX_FILE`]) instead of RocksDB, where every
+//! cycle's events would be written, flushed and compacted again; a restore
+//! from the changelog applies them to RocksDB like any record.
+//! [`read_outbox`] takes them from the file when it holds the marker's
+//! cycle, else from RocksDB.
+//!
+//! Everything here but [`read_marker`], [`read_outbox`] and the outbox
+//! file is pure.
 
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +91,63 @@ pub fn outbox_key(i: u32) -> Vec<u8> {
     let mut k = vec![b'o'];
     k.extend_from_slice(&i.to_be_bytes());
     k
+}
+
+/// The file, in a partition's state directory, with the outbox chunks of
+/// the last cycle the live service committed.
+pub const OUTBOX_FILE: &str = "jurystream-outbox";
+
+/// Whether a record is an outbox chunk.
+pub fn is_outbox_key(k: &[u8]) -> bool {
+    k.len() == 5 && k[0] == b'o'
+}
+
+/// Writes the outbox chunk values `chunks` (in order) to `dir`'s outbox
+/// file: a temporary file renamed over it, so a crash leaves the old file
+/// or the new one; a CRC-32 at the end finds a torn one. Layout: count
+/// (u32 LE), then each chunk's length (u32 LE) and bytes, then the CRC-32
+/// of all that (u32 LE). Not synced: like the RocksDB write beside it
+/// (no sync either), it survives a process crash, and the changelog holds
+/// the chunks for anything worse.
+pub fn write_outbox_file(dir: &std::path::Path, chunks: &[&[u8]]) -> std::io::Result<()> {
+    let len: usize = chunks.iter().map(|c| 4 + c.len()).sum();
+    let mut buf = Vec::with_capacity(8 + len);
+    buf.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
+    for c in chunks {
+        buf.extend_from_slice(&(c.len() as u32).to_le_bytes());
+        buf.extend_from_slice(c);
+    }
+    let crc = crc32fast::hash(&buf);
+    buf.extend_from_slice(&crc.to_le_bytes());
+    let tmp = dir.join(format!("{OUTBOX_FILE}.tmp"));
+    std::fs::write(&tmp, &buf)?;
+    std::fs::rename(&tmp, dir.join(OUTBOX_FILE))
+}
+
+/// The chunk values of `dir`'s outbox file; `None` when there is none or
+/// it does not check out.
+fn read_outbox_file(dir: &std::path::Path) -> Option<Vec<Vec<u8>>> {
+    let buf = std::fs::read(dir.join(OUTBOX_FILE)).ok()?;
+    let (body, crc) = buf.split_at_checked(buf.len().checked_sub(4)?)?;
+    if crc32fast::hash(body).to_le_bytes() != crc {
+        return None;
+    }
+    let take = |at: &mut usize, n: usize| -> Option<&[u8]> {
+        let s = body.get(*at..at.checked_add(n)?)?;
+        *at += n;
+        Some(s)
+    };
+    let u32_at = |at: &mut usize| -> Option<usize> {
+        Some(u32::from_le_bytes(take(at, 4)?.try_into().ok()?) as usize)
+    };
+    let mut at = 0;
+    let count = u32_at(&mut at)?;
+    let mut chunks = Vec::with_capacity(count.min(1 << 16));
+    for _ in 0..count {
+        let n = u32_at(&mut at)?;
+        chunks.push(take(&mut at, n)?.to_vec());
+    }
+    (at == body.len()).then_some(chunks)
 }
 
 /// The records that end a cycle after its state records: the outbox chunks
@@ -194,6 +259,9 @@ pub fn read_marker(store: &Store) -> Result<Option<CycleMarker>, StoreError> {
 
 /// The events of the marker's cycle, in emission order.
 pub fn read_outbox(store: &Store, marker: &CycleMarker) -> Result<Vec<OutEvent>, StoreError> {
+    if let Some(events) = outbox_from_file(store.path(), marker) {
+        return Ok(events);
+    }
     let mut out = Vec::new();
     for i in 0..marker.outbox_chunks {
         let key = outbox_key(i);
@@ -214,6 +282,24 @@ pub fn read_outbox(store: &Store, marker: &CycleMarker) -> Result<Vec<OutEvent>,
         out.extend(chunk.events);
     }
     Ok(out)
+}
+
+/// The marker's cycle's events from the outbox file, if it holds that
+/// cycle whole.
+fn outbox_from_file(dir: &std::path::Path, marker: &CycleMarker) -> Option<Vec<OutEvent>> {
+    let chunks = read_outbox_file(dir)?;
+    if chunks.len() != marker.outbox_chunks as usize {
+        return None;
+    }
+    let mut out = Vec::new();
+    for v in chunks {
+        let chunk: OutboxChunk = postcard::from_bytes(&v).ok()?;
+        if chunk.seq != marker.seq {
+            return None;
+        }
+        out.extend(chunk.events);
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -289,6 +375,50 @@ mod tests {
         assert_eq!(a.push(b"s2", Some(b"z")), None);
         assert_eq!(a.applied(), 3);
         assert_eq!(a.leftover_keys(), vec![b"s1".to_vec(), b"s2".to_vec()]);
+    }
+
+    /// The live path: chunks in the outbox file, the marker in RocksDB.
+    /// A file of another cycle, or a torn one, is never used: the chunks
+    /// then come from RocksDB (where a restore from the changelog puts
+    /// them), and are an error when RocksDB lacks them too.
+    #[test]
+    fn the_outbox_file_holds_the_last_cycle_and_a_bad_one_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let events: Vec<OutEvent> = (0..5).map(|i| ev(i, CHUNK_BYTES / 2)).collect();
+        let (records, marker) = seal_cycle(&CycleMarker::initial(), 7, &events, |_, _| None);
+        assert!(marker.outbox_chunks >= 3, "{marker:?}");
+        let (chunks, rest): (Vec<Record>, Vec<Record>) =
+            records.into_iter().partition(|(k, _)| is_outbox_key(k));
+        assert_eq!(chunks.len(), marker.outbox_chunks as usize);
+        let values: Vec<&[u8]> = chunks.iter().map(|(_, v)| v.as_deref().unwrap()).collect();
+        write_outbox_file(store.path(), &values).unwrap();
+        store.apply(&rest, &[]).unwrap();
+        assert_eq!(read_outbox(&store, &marker).unwrap(), events);
+        // Another cycle's file: not taken, and RocksDB has no chunks.
+        let next = CycleMarker {
+            seq: marker.seq + 1,
+            ..marker.clone()
+        };
+        assert!(matches!(
+            read_outbox(&store, &next),
+            Err(StoreError::Corrupt { .. })
+        ));
+        // A torn file (a byte short) is not taken either; chunks restored
+        // into RocksDB are.
+        let path = store.path().join(OUTBOX_FILE);
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        assert!(read_outbox(&store, &marker).is_err());
+        store.apply(&chunks, &[]).unwrap();
+        assert_eq!(read_outbox(&store, &marker).unwrap(), events);
+        // A flipped byte fails the checksum.
+        let mut flipped = bytes.clone();
+        flipped[9] ^= 1;
+        std::fs::write(&path, &flipped).unwrap();
+        assert_eq!(read_outbox_file(store.path()), None);
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(read_outbox_file(store.path()).unwrap().len(), chunks.len());
     }
 
     #[test]

@@ -128,7 +128,7 @@ impl ConsumerContext for Ctx {
             let started = Instant::now();
             let limit = s.revoke_timeout();
             s.deadline = Some(started + limit);
-            let result = s.commit(consumer).and_then(|()| s.hand_over(consumer));
+            let result = s.commit(consumer).and_then(|()| s.hand_over());
             s.deadline = None;
             if let Err(e) = result {
                 tracing::error!(

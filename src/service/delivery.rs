@@ -6,11 +6,9 @@
 //! the changelog position it reflects, and the input offsets are committed
 //! last (or inside the transaction).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{CommitMode, Consumer as _};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::consumer::Consumer as _;
 use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -19,7 +17,7 @@ use super::client::{send, Out, Tp};
 use super::context::Consumer;
 use super::error::{Result, ServiceError};
 use super::reconcile::origin;
-use super::session::{InFlight, Session, Stage};
+use super::session::Session;
 use crate::config::Delivery;
 use crate::state::{encode_value, SWEEP_LIMIT};
 
@@ -39,14 +37,8 @@ pub trait Protocol: Send + Sync {
     }
     /// Drops the open cycle.
     fn abort(&self, _: &Session) {}
-    /// Before partitions are handed over, and at shutdown (after the
-    /// cycle in flight, if any, has ended).
+    /// Before partitions are handed over, and at shutdown.
     fn hand_over(&self, _: &mut Session) -> Result<()> {
-        Ok(())
-    }
-    /// Moves the cycle in flight ([`Session::in_flight`]) on: as far as
-    /// the acknowledgements received allow, or (`wait`) to its end.
-    fn advance(&self, _: &mut Session, _: &Consumer, _wait: bool) -> Result<()> {
         Ok(())
     }
 }
@@ -74,7 +66,7 @@ impl Protocol for Transactional {
     fn commit(&self, s: &mut Session, consumer: &Consumer) -> Result<()> {
         let t = Phases::start();
         let sealed = s.send_changelog()?;
-        let offsets = offset_list(&s.offsets)?;
+        let offsets = s.offset_list()?;
         if offsets.count() > 0 {
             let meta = consumer
                 .group_metadata()
@@ -111,14 +103,6 @@ impl Protocol for Transactional {
 /// outbox chunks, the cycle marker), acknowledged → RocksDB → the events,
 /// acknowledged → group offsets. Whoever restores an interrupted cycle
 /// publishes its missing events (see [`super::reconcile`]).
-///
-/// Only sealing the cycle stops the poll loop: the steps after it wait for
-/// their acknowledgements while the poll loop processes the next cycle
-/// (whose events are held, so nothing of it is visible), moved on by
-/// [`Protocol::advance`]. The next cycle is sealed only once this one has
-/// ended, so a marker is never written while an earlier cycle's events
-/// are unacknowledged: the last marker is the only cycle a restore may
-/// have to complete.
 pub struct Outbox;
 
 impl Protocol for Outbox {
@@ -126,64 +110,19 @@ impl Protocol for Outbox {
         true
     }
 
-    fn commit(&self, s: &mut Session, _: &Consumer) -> Result<()> {
-        let started = Instant::now();
+    fn commit(&self, s: &mut Session, consumer: &Consumer) -> Result<()> {
+        let t = Phases::start();
         let sealed = s.send_changelog()?;
+        s.flush_acked("flush changelog")?;
         s.in_cycle = false;
-        let sealed = sealed
-            .into_iter()
-            .filter_map(|tp| {
-                let part = s.parts.get_mut(&tp)?;
-                part.out_bytes = 0;
-                Some((tp, std::mem::take(&mut part.out)))
-            })
-            .collect();
-        s.in_flight = Some(InFlight {
-            stage: Stage::Changelog,
-            sealed,
-            offsets: std::mem::take(&mut s.offsets),
-            started,
-        });
-        Ok(())
-    }
-
-    fn advance(&self, s: &mut Session, consumer: &Consumer, wait: bool) -> Result<()> {
-        while let Some(f) = &s.in_flight {
-            let what = match f.stage {
-                Stage::Changelog => "flush changelog",
-                Stage::Events => "flush events",
-            };
-            if wait {
-                s.flush_acked(what)?;
-            } else if !s.acked_now(what)? {
-                if f.started.elapsed() > s.step_timeout() {
-                    return Err(ServiceError::kafka(
-                        what,
-                        KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut),
-                    ));
-                }
-                return Ok(());
-            }
-            let Some(f) = s.in_flight.as_mut() else { break };
-            match f.stage {
-                Stage::Changelog => {
-                    f.stage = Stage::Events;
-                    let tps: Vec<Tp> = f.sealed.iter().map(|(tp, _)| tp.clone()).collect();
-                    s.apply_to_store(&tps)?;
-                    s.publish_in_flight()?;
-                }
-                Stage::Events => {
-                    let Some(f) = s.in_flight.take() else { break };
-                    let mode = if wait {
-                        CommitMode::Sync
-                    } else {
-                        CommitMode::Async
-                    };
-                    s.commit_offsets(consumer, &f.offsets, mode)?;
-                    s.metrics.commit_duration(f.started.elapsed().as_secs_f64());
-                }
-            }
-        }
+        let t = t.next("changelog_ms");
+        s.apply_to_store(&sealed)?;
+        let t = t.next("store_ms");
+        s.publish_outboxes(&sealed)?;
+        s.flush_acked("flush events")?;
+        let t = t.next("publish_ms");
+        s.commit_group_offsets(consumer)?;
+        t.next("offsets_ms").log();
         Ok(())
     }
 
@@ -215,21 +154,10 @@ impl Protocol for AtLeastOnce {
         let t = t.next("changelog_ms");
         s.apply_to_store(&sealed)?;
         let t = t.next("store_ms");
-        let offsets = std::mem::take(&mut s.offsets);
-        s.commit_offsets(consumer, &offsets, CommitMode::Sync)?;
+        s.commit_group_offsets(consumer)?;
         t.next("offsets_ms").log();
         Ok(())
     }
-}
-
-/// Input offsets as a list for the group or the transaction.
-fn offset_list(offsets: &HashMap<Tp, i64>) -> Result<TopicPartitionList> {
-    let mut tpl = TopicPartitionList::new();
-    for ((t, p), o) in offsets {
-        tpl.add_partition_offset(t, *p, Offset::Offset(*o))
-            .map_err(|e| ServiceError::kafka("offset list", e))?;
-    }
-    Ok(tpl)
 }
 
 /// Per-phase durations of one cycle, logged at debug level.
@@ -284,10 +212,6 @@ impl Session {
                     acked.get(&(outputs.topic(r).to_owned(), p)).copied()
                 });
             part.pending.extend(records);
-            // What the next cycle changes starts from here (in outbox mode
-            // it may arrive before this cycle's later steps).
-            part.dirty = false;
-            part.out_count = 0;
             let topic = self.names.changelog(&tp.0);
             for (k, v) in &part.pending {
                 send(
@@ -324,25 +248,33 @@ impl Session {
             let records = std::mem::take(&mut part.pending);
             tracing::debug!(topic = %tp.0, partition = tp.1, seq = part.marker.seq,
                 next_offset = part.marker.next_offset, changelog_pos = ?pos,
-                records = records.len(), "cycle committed");
+                records = records.len(), events = part.out.len(), "cycle committed");
             let positions = pos.map(|p| (CHANGELOG_POS, p)).into_iter().collect();
-            part.start_write(records, positions, budget)?;
+            part.start_write(
+                records,
+                part.marker.outbox_chunks as usize,
+                positions,
+                budget,
+            )?;
+            part.dirty = false;
+            part.out_count = 0;
         }
         Ok(())
     }
 
-    /// Publishes the held events of the cycle in flight.
-    fn publish_in_flight(&self) -> Result<()> {
-        let Some(f) = &self.in_flight else {
-            return Ok(());
-        };
-        for (tp, events) in &f.sealed {
+    /// Publishes the outboxed events of the sealed partitions' cycles.
+    fn publish_outboxes(&mut self, sealed: &[Tp]) -> Result<()> {
+        for tp in sealed {
             let Some(part) = self.parts.get(tp) else {
                 continue;
             };
-            for (i, ev) in events.iter().enumerate() {
+            for (i, ev) in part.out.iter().enumerate() {
                 self.publish_outboxed(tp, part.marker.seq, i as u32, ev)?;
             }
+        }
+        for part in self.parts.values_mut() {
+            part.out.clear();
+            part.out_bytes = 0;
         }
         Ok(())
     }
@@ -367,19 +299,25 @@ impl Session {
         )
     }
 
-    /// Commits a cycle's input offsets to the consumer group.
-    fn commit_offsets(
-        &self,
-        consumer: &Consumer,
-        offsets: &HashMap<Tp, i64>,
-        mode: CommitMode,
-    ) -> Result<()> {
-        let tpl = offset_list(offsets)?;
+    /// The open cycle's input offsets.
+    fn offset_list(&self) -> Result<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), o) in &self.offsets {
+            tpl.add_partition_offset(t, *p, Offset::Offset(*o))
+                .map_err(|e| ServiceError::kafka("offset list", e))?;
+        }
+        Ok(tpl)
+    }
+
+    /// Commits the open cycle's input offsets to the consumer group.
+    fn commit_group_offsets(&mut self, consumer: &Consumer) -> Result<()> {
+        let tpl = self.offset_list()?;
         if tpl.count() > 0 {
             consumer
-                .commit(&tpl, mode)
+                .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
                 .map_err(|e| ServiceError::kafka("commit offsets", e))?;
         }
+        self.offsets.clear();
         Ok(())
     }
 

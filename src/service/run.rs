@@ -193,7 +193,6 @@ fn session(
             restoring: None,
             deadline: None,
             holdings: holdings.clone(),
-            in_flight: None,
         })),
         metrics: metrics.clone(),
     };
@@ -223,7 +222,7 @@ fn session(
     if let Some(s) = guard.as_mut() {
         if result.is_ok() && s.broken.is_none() {
             s.commit(&consumer)?;
-            s.hand_over(&consumer)?;
+            s.hand_over()?;
             // The last cycle's RocksDB writes, so that a failed one ends
             // the process with an error (and the flush below sees them).
             s.finish_writes()?;
@@ -243,11 +242,8 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
     let commit_every = Duration::from_millis(cfg.kafka.commit_interval_ms as u64);
     // The record's topic and partition, its name copied only when it changes.
     let mut tp: Tp = (String::new(), -1);
-    // Polls wait less while a cycle is in flight, so that its next step is
-    // not held up by a quiet input.
-    let mut poll_wait = IDLE_POLL;
     while !stop.load(Ordering::SeqCst) {
-        let msg = consumer.poll(poll_wait);
+        let msg = consumer.poll(Duration::from_millis(50));
         let mut guard = consumer.context().lock();
         let s = guard
             .as_mut()
@@ -292,30 +288,14 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         if drained {
             s.idle_flush()?;
         }
-        // A cycle in flight moves on as its acknowledgements arrive; the
-        // open one commits when due, once the one in flight is done (or
-        // when its outbox is full, waiting for it then).
-        s.advance(consumer)?;
         if s.in_cycle
-            && ((s.cycle_started.elapsed() >= commit_every && s.in_flight.is_none())
-                || s.outbox_bytes() >= MAX_CYCLE_BYTES)
+            && (s.cycle_started.elapsed() >= commit_every || s.outbox_bytes() >= MAX_CYCLE_BYTES)
         {
             s.commit(consumer)?;
         }
-        poll_wait = if s.in_flight.is_some() {
-            IN_FLIGHT_POLL
-        } else {
-            IDLE_POLL
-        };
     }
     Ok(())
 }
-
-/// How long a poll waits for a record.
-const IDLE_POLL: Duration = Duration::from_millis(50);
-/// The same while a cycle is in flight (its acknowledgements are checked
-/// between polls).
-const IN_FLIGHT_POLL: Duration = Duration::from_millis(1);
 
 #[cfg(test)]
 mod tests {

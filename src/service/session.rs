@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, Producer as _};
 
-use super::changelog::{CycleMarker, OutEvent};
+use super::changelog::{
+    is_outbox_key, write_outbox_file, CycleMarker, OutEvent, CYCLE_KEY, OUTBOX_FILE,
+};
 use super::client::{property, Names, Tp};
 use super::context::ProduceCtx;
 use super::delivery::Protocol;
@@ -70,18 +72,33 @@ impl Part {
     }
 
     /// Writes a committed cycle's `records` to RocksDB on a thread of its
-    /// own, after the write before it.
+    /// own, after the write before it. The cycle's `outbox_chunks` outbox
+    /// records (the ones [`super::changelog::seal_cycle`] put just before
+    /// the marker) go to the outbox file instead, before RocksDB, so
+    /// RocksDB never holds a marker whose chunks are not stored.
     pub fn start_write(
         &mut self,
-        records: Vec<Record>,
+        mut records: Vec<Record>,
+        outbox_chunks: usize,
         positions: Vec<(&'static str, i64)>,
         budget: usize,
     ) -> Result<()> {
         self.finish_write(budget)?;
         let store = self.store.clone();
+        let chunks = cycle_chunks(&mut records, outbox_chunks);
         let handle = std::thread::Builder::new()
             .name("state-write".into())
-            .spawn(move || store.apply(&records, &positions))
+            .spawn(move || {
+                if !chunks.is_empty() {
+                    let values: Vec<&[u8]> =
+                        chunks.iter().filter_map(|(_, v)| v.as_deref()).collect();
+                    write_outbox_file(store.path(), &values).map_err(|source| StoreError::Io {
+                        path: store.path().join(OUTBOX_FILE),
+                        source,
+                    })?;
+                }
+                store.apply(&records, &positions)
+            })
             .map_err(|e| ServiceError::internal(format!("cannot start a state write: {e}")))?;
         self.writing = Some(handle);
         Ok(())
@@ -106,6 +123,29 @@ impl Part {
         self.out.clear();
         self.out_bytes = 0;
     }
+}
+
+/// Takes the cycle's `n` outbox chunks out of its records: the `n` records
+/// before the marker, the last record. Anything else (no chunks, a layout
+/// that is not this) leaves the records whole, chunks included, for
+/// RocksDB, where [`super::changelog::read_outbox`] finds them too. Outbox
+/// records earlier in the list (an interrupted cycle's, rewritten with
+/// their committed values) stay for RocksDB.
+fn cycle_chunks(records: &mut Vec<Record>, n: usize) -> Vec<Record> {
+    let Some(end) = records.len().checked_sub(1) else {
+        return Vec::new();
+    };
+    let Some(start) = end.checked_sub(n) else {
+        return Vec::new();
+    };
+    let layout = records[end].0 == CYCLE_KEY
+        && records[start..end]
+            .iter()
+            .all(|(k, v)| is_outbox_key(k) && v.is_some());
+    if n == 0 || !layout {
+        return Vec::new();
+    }
+    records.drain(start..end).collect()
 }
 
 fn panicked_write(store: &Store) -> StoreError {
@@ -180,32 +220,6 @@ pub struct Session {
     pub deadline: Option<Instant>,
     /// What the query API sees: the assigned partitions, ready or restoring.
     pub holdings: Arc<crate::api::Holdings>,
-    /// A cycle sealed to the changelog whose later steps are still under
-    /// way while the poll loop goes on (outbox mode, [`InFlight`]).
-    pub in_flight: Option<InFlight>,
-}
-
-/// A cycle whose changelog records are sent and whose later steps run
-/// while the poll loop processes the next cycle (outbox mode: its events
-/// are held, so nothing of the next cycle is visible meanwhile). At most
-/// one: the next commit first finishes it ([`Session::settle`]).
-pub struct InFlight {
-    pub stage: Stage,
-    /// The sealed partitions, each with its cycle's held events.
-    pub sealed: Vec<(Tp, Vec<OutEvent>)>,
-    /// The cycle's input offsets, for the group once its events are out.
-    pub offsets: HashMap<Tp, i64>,
-    /// When the cycle was sealed (its commit latency is measured from here).
-    pub started: Instant,
-}
-
-/// What an [`InFlight`] cycle waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
-    /// The changelog's acknowledgement; then RocksDB and the events.
-    Changelog,
-    /// The events' acknowledgement; then the group offsets.
-    Events,
 }
 
 /// The deadline for finishing (or aborting) the open cycle when partitions
@@ -286,36 +300,21 @@ impl Session {
         }
     }
 
-    /// Whether everything queued is acknowledged, without waiting (the
-    /// delivery reports received are served first).
-    pub fn acked_now(&self, what: &str) -> Result<bool> {
-        self.producer.poll(Duration::ZERO);
-        if let Some(e) = self.producer.context().take_failure() {
-            return Err(ServiceError::delivery(what, &e));
-        }
-        Ok(self.producer.in_flight_count() == 0)
-    }
-
     /// Ends the open cycle in the delivery mode's order; on failure aborts it.
     pub fn commit(&mut self, consumer: &super::context::Consumer) -> Result<()> {
         if !self.in_cycle {
             return Ok(());
         }
         let started = Instant::now();
-        // A cycle still in flight finishes first, and the previous cycle's
-        // RocksDB writes land before this cycle's changelog: its sweep and
-        // reviewer reads must see them.
+        // The previous cycle's RocksDB writes land before this cycle's
+        // changelog: its sweep and reviewer reads must see them.
         let result = self
-            .settle(consumer)
-            .and_then(|()| self.finish_writes())
+            .finish_writes()
             .and_then(|()| self.protocol.commit(self, consumer));
         match result {
             Ok(()) => {
-                // A cycle left in flight is measured when it ends.
-                if self.in_flight.is_none() {
-                    self.metrics
-                        .commit_duration(started.elapsed().as_secs_f64());
-                }
+                self.metrics
+                    .commit_duration(started.elapsed().as_secs_f64());
                 self.refresh_gauges();
                 for (tp, part) in &self.parts {
                     self.metrics.agreement_committed(
@@ -332,31 +331,6 @@ impl Session {
         }
     }
 
-    /// Moves a cycle in flight on as far as its acknowledgements allow,
-    /// without waiting (the poll loop calls this between records).
-    pub fn advance(&mut self, consumer: &super::context::Consumer) -> Result<()> {
-        if self.in_flight.is_none() {
-            return Ok(());
-        }
-        let result = self.protocol.advance(self, consumer, false);
-        if result.is_err() {
-            self.abort();
-        }
-        result
-    }
-
-    /// Finishes a cycle in flight, waiting for its acknowledgements.
-    pub fn settle(&mut self, consumer: &super::context::Consumer) -> Result<()> {
-        if self.in_flight.is_none() {
-            return Ok(());
-        }
-        let result = self.protocol.advance(self, consumer, true);
-        if result.is_err() {
-            self.abort();
-        }
-        result
-    }
-
     /// Waits for every partition's RocksDB write in flight (and evicts).
     pub fn finish_writes(&mut self) -> Result<()> {
         let budget = self.cache_share();
@@ -371,10 +345,8 @@ impl Session {
         self.cfg.cache_bytes() / self.parts.len().max(1)
     }
 
-    /// Before partitions are handed over or at shutdown: finishes a cycle
-    /// in flight, then the mode's hand-over.
-    pub fn hand_over(&mut self, consumer: &super::context::Consumer) -> Result<()> {
-        self.settle(consumer)?;
+    /// Before partitions are handed over or at shutdown.
+    pub fn hand_over(&mut self) -> Result<()> {
         self.protocol.hand_over(self)
     }
 
@@ -385,7 +357,6 @@ impl Session {
             self.protocol.abort(self);
             self.in_cycle = false;
         }
-        self.in_flight = None;
         self.offsets.clear();
         for p in self.parts.values_mut() {
             p.drop_cycle();
@@ -483,6 +454,43 @@ mod tests {
         assert!(revoke_timeout(Some(&u64::MAX.to_string())) > Duration::from_secs(1));
     }
 
+    /// Only the cycle's own chunks, just before its marker, leave the
+    /// RocksDB write; an interrupted cycle's outbox records rewritten
+    /// earlier in the list stay, and an unexpected layout keeps all.
+    #[test]
+    fn the_cycles_own_chunks_go_to_the_outbox_file() {
+        use super::super::changelog::outbox_key;
+        let rec = |k: Vec<u8>| (k, Some(vec![1u8]));
+        let mut records = vec![
+            rec(outbox_key(0)),
+            rec(b"s1".to_vec()),
+            rec(outbox_key(0)),
+            rec(outbox_key(1)),
+            rec(CYCLE_KEY.to_vec()),
+        ];
+        let chunks = cycle_chunks(&mut records, 2);
+        assert_eq!(chunks, vec![rec(outbox_key(0)), rec(outbox_key(1))]);
+        assert_eq!(
+            records,
+            vec![
+                rec(outbox_key(0)),
+                rec(b"s1".to_vec()),
+                rec(CYCLE_KEY.to_vec())
+            ]
+        );
+        // No chunks, too many, or no marker last: nothing is taken.
+        for (mut r, n) in [
+            (records.clone(), 0),
+            (records.clone(), 3),
+            (vec![rec(outbox_key(0)), rec(b"s1".to_vec())], 1),
+            (Vec::new(), 1),
+        ] {
+            let before = r.clone();
+            assert!(cycle_chunks(&mut r, n).is_empty());
+            assert_eq!(r, before);
+        }
+    }
+
     /// A cycle's write runs off the caller's thread; waiting for it makes
     /// it visible, and dropping the partition waits for it too, so the
     /// directory can be opened again at once (RocksDB locks it while open).
@@ -501,14 +509,14 @@ mod tests {
                 .collect()
         };
         let mut part = part_at(dir.path());
-        part.start_write(records(20_000), vec![("test_pos", 5)], 1 << 20)
+        part.start_write(records(20_000), 0, vec![("test_pos", 5)], 1 << 20)
             .unwrap();
         part.finish_write(1 << 20).unwrap();
         assert!(part.writing.is_none());
         assert_eq!(part.store.position("test_pos").unwrap(), Some(5));
         assert_eq!(part.store.get(b"c-test-019999").unwrap(), Some(vec![7; 64]));
         // A second write, then the partition dropped with it in flight.
-        part.start_write(records(200_000), vec![("test_pos", 6)], 1 << 20)
+        part.start_write(records(200_000), 0, vec![("test_pos", 6)], 1 << 20)
             .unwrap();
         drop(part);
         let again = Store::open(dir.path()).unwrap();

@@ -55,6 +55,12 @@ pub enum StoreError {
         #[source]
         source: rocksdb::Error,
     },
+    #[error("cannot write {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("corrupt state record in {path} (key {key:?}): {why}")]
     Corrupt {
         path: PathBuf,
