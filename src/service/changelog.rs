@@ -19,6 +19,8 @@
 //! Everything here but [`read_marker`], [`read_outbox`] and the outbox
 //! file is pure.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
 use crate::output::Route;
@@ -98,7 +100,7 @@ pub fn outbox_key(i: u32) -> Vec<u8> {
 pub const OUTBOX_FILE: &str = "jurystream-outbox";
 
 /// Whether a record is an outbox chunk.
-pub fn is_outbox_key(k: &[u8]) -> bool {
+fn is_outbox_key(k: &[u8]) -> bool {
     k.len() == 5 && k[0] == b'o'
 }
 
@@ -109,24 +111,70 @@ pub fn is_outbox_key(k: &[u8]) -> bool {
 /// of all that (u32 LE). Not synced: like the RocksDB write beside it
 /// (no sync either), it survives a process crash, and the changelog holds
 /// the chunks for anything worse.
-pub fn write_outbox_file(dir: &std::path::Path, chunks: &[&[u8]]) -> std::io::Result<()> {
-    let len: usize = chunks.iter().map(|c| 4 + c.len()).sum();
-    let mut buf = Vec::with_capacity(8 + len);
-    buf.extend_from_slice(&(chunks.len() as u32).to_le_bytes());
-    for c in chunks {
-        buf.extend_from_slice(&(c.len() as u32).to_le_bytes());
-        buf.extend_from_slice(c);
-    }
-    let crc = crc32fast::hash(&buf);
-    buf.extend_from_slice(&crc.to_le_bytes());
+pub fn write_outbox_file(dir: &Path, chunks: &[Vec<u8>]) -> std::io::Result<()> {
+    use std::io::Write as _;
     let tmp = dir.join(format!("{OUTBOX_FILE}.tmp"));
-    std::fs::write(&tmp, &buf)?;
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+    let mut crc = crc32fast::Hasher::new();
+    let mut put = |bytes: &[u8]| {
+        crc.update(bytes);
+        file.write_all(bytes)
+    };
+    put(&(chunks.len() as u32).to_le_bytes())?;
+    for c in chunks {
+        put(&(c.len() as u32).to_le_bytes())?;
+        put(c)?;
+    }
+    file.write_all(&crc.finalize().to_le_bytes())?;
+    file.into_inner().map_err(|e| e.into_error())?;
     std::fs::rename(&tmp, dir.join(OUTBOX_FILE))
+}
+
+/// Writes a committed cycle to `store`: its outbox chunks (`chunks`, see
+/// [`take_cycle_chunks`]) to the outbox file first, then `records` with
+/// `positions` in one RocksDB write, so RocksDB never holds a marker whose
+/// chunks are not stored.
+pub fn write_cycle(
+    store: &Store,
+    chunks: &[Vec<u8>],
+    records: &[Record],
+    positions: &[(&str, i64)],
+) -> Result<(), StoreError> {
+    if !chunks.is_empty() {
+        write_outbox_file(store.path(), chunks).map_err(|source| StoreError::Io {
+            path: store.path().join(OUTBOX_FILE),
+            source,
+        })?;
+    }
+    store.apply(records, positions)
+}
+
+/// Takes a sealed cycle's `n` outbox chunk values out of its records: the
+/// `n` records before the marker, the last record (as [`seal_cycle`] ends
+/// a cycle). Anything else (no chunks, another layout) leaves the records
+/// whole, chunks included, for RocksDB, where [`read_outbox`] finds them
+/// too. Outbox records earlier in the list (an interrupted cycle's,
+/// rewritten with their committed values) stay for RocksDB.
+pub fn take_cycle_chunks(records: &mut Vec<Record>, n: usize) -> Vec<Vec<u8>> {
+    let Some(end) = records.len().checked_sub(1) else {
+        return Vec::new();
+    };
+    let Some(start) = end.checked_sub(n) else {
+        return Vec::new();
+    };
+    let layout = records[end].0 == CYCLE_KEY
+        && records[start..end]
+            .iter()
+            .all(|(k, v)| is_outbox_key(k) && v.is_some());
+    if n == 0 || !layout {
+        return Vec::new();
+    }
+    records.drain(start..end).filter_map(|(_, v)| v).collect()
 }
 
 /// The chunk values of `dir`'s outbox file; `None` when there is none or
 /// it does not check out.
-fn read_outbox_file(dir: &std::path::Path) -> Option<Vec<Vec<u8>>> {
+fn read_outbox_file(dir: &Path) -> Option<Vec<Vec<u8>>> {
     let buf = std::fs::read(dir.join(OUTBOX_FILE)).ok()?;
     let (body, crc) = buf.split_at_checked(buf.len().checked_sub(4)?)?;
     if crc32fast::hash(body).to_le_bytes() != crc {
@@ -286,7 +334,7 @@ pub fn read_outbox(store: &Store, marker: &CycleMarker) -> Result<Vec<OutEvent>,
 
 /// The marker's cycle's events from the outbox file, if it holds that
 /// cycle whole.
-fn outbox_from_file(dir: &std::path::Path, marker: &CycleMarker) -> Option<Vec<OutEvent>> {
+fn outbox_from_file(dir: &Path, marker: &CycleMarker) -> Option<Vec<OutEvent>> {
     let chunks = read_outbox_file(dir)?;
     if chunks.len() != marker.outbox_chunks as usize {
         return None;
@@ -388,12 +436,10 @@ mod tests {
         let events: Vec<OutEvent> = (0..5).map(|i| ev(i, CHUNK_BYTES / 2)).collect();
         let (records, marker) = seal_cycle(&CycleMarker::initial(), 7, &events, |_, _| None);
         assert!(marker.outbox_chunks >= 3, "{marker:?}");
-        let (chunks, rest): (Vec<Record>, Vec<Record>) =
-            records.into_iter().partition(|(k, _)| is_outbox_key(k));
-        assert_eq!(chunks.len(), marker.outbox_chunks as usize);
-        let values: Vec<&[u8]> = chunks.iter().map(|(_, v)| v.as_deref().unwrap()).collect();
-        write_outbox_file(store.path(), &values).unwrap();
-        store.apply(&rest, &[]).unwrap();
+        let mut rest = records.clone();
+        let values = take_cycle_chunks(&mut rest, marker.outbox_chunks as usize);
+        assert_eq!(values.len(), marker.outbox_chunks as usize);
+        write_cycle(&store, &values, &rest, &[]).unwrap();
         assert_eq!(read_outbox(&store, &marker).unwrap(), events);
         // Another cycle's file: not taken, and RocksDB has no chunks.
         let next = CycleMarker {
@@ -410,7 +456,7 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
         assert!(read_outbox(&store, &marker).is_err());
-        store.apply(&chunks, &[]).unwrap();
+        store.apply(&records, &[]).unwrap();
         assert_eq!(read_outbox(&store, &marker).unwrap(), events);
         // A flipped byte fails the checksum.
         let mut flipped = bytes.clone();
@@ -418,7 +464,43 @@ mod tests {
         std::fs::write(&path, &flipped).unwrap();
         assert_eq!(read_outbox_file(store.path()), None);
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(read_outbox_file(store.path()).unwrap().len(), chunks.len());
+        assert_eq!(read_outbox_file(store.path()).unwrap(), values);
+    }
+
+    /// Only the cycle's own chunks, just before its marker, leave the
+    /// RocksDB write; an interrupted cycle's outbox records rewritten
+    /// earlier in the list stay, and an unexpected layout keeps all.
+    #[test]
+    fn the_cycles_own_chunks_go_to_the_outbox_file() {
+        let rec = |k: Vec<u8>| (k, Some(vec![1u8]));
+        let mut records = vec![
+            rec(outbox_key(0)),
+            rec(b"s1".to_vec()),
+            rec(outbox_key(0)),
+            rec(outbox_key(1)),
+            rec(CYCLE_KEY.to_vec()),
+        ];
+        let chunks = take_cycle_chunks(&mut records, 2);
+        assert_eq!(chunks, vec![vec![1u8], vec![1u8]]);
+        assert_eq!(
+            records,
+            vec![
+                rec(outbox_key(0)),
+                rec(b"s1".to_vec()),
+                rec(CYCLE_KEY.to_vec())
+            ]
+        );
+        // No chunks, too many, or no marker last: nothing is taken.
+        for (mut r, n) in [
+            (records.clone(), 0),
+            (records.clone(), 3),
+            (vec![rec(outbox_key(0)), rec(b"s1".to_vec())], 1),
+            (Vec::new(), 1),
+        ] {
+            let before = r.clone();
+            assert!(take_cycle_chunks(&mut r, n).is_empty());
+            assert_eq!(r, before);
+        }
     }
 
     #[test]

@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, Producer as _};
 
-use super::changelog::{
-    is_outbox_key, write_outbox_file, CycleMarker, OutEvent, CYCLE_KEY, OUTBOX_FILE,
-};
+use super::changelog::{take_cycle_chunks, write_cycle, CycleMarker, OutEvent};
 use super::client::{property, Names, Tp};
 use super::context::ProduceCtx;
 use super::delivery::Protocol;
@@ -72,10 +70,8 @@ impl Part {
     }
 
     /// Writes a committed cycle's `records` to RocksDB on a thread of its
-    /// own, after the write before it. The cycle's `outbox_chunks` outbox
-    /// records (the ones [`super::changelog::seal_cycle`] put just before
-    /// the marker) go to the outbox file instead, before RocksDB, so
-    /// RocksDB never holds a marker whose chunks are not stored.
+    /// own, after the write before it; the cycle's `outbox_chunks` outbox
+    /// chunks go to the outbox file instead ([`write_cycle`]).
     pub fn start_write(
         &mut self,
         mut records: Vec<Record>,
@@ -85,20 +81,10 @@ impl Part {
     ) -> Result<()> {
         self.finish_write(budget)?;
         let store = self.store.clone();
-        let chunks = cycle_chunks(&mut records, outbox_chunks);
+        let chunks = take_cycle_chunks(&mut records, outbox_chunks);
         let handle = std::thread::Builder::new()
             .name("state-write".into())
-            .spawn(move || {
-                if !chunks.is_empty() {
-                    let values: Vec<&[u8]> =
-                        chunks.iter().filter_map(|(_, v)| v.as_deref()).collect();
-                    write_outbox_file(store.path(), &values).map_err(|source| StoreError::Io {
-                        path: store.path().join(OUTBOX_FILE),
-                        source,
-                    })?;
-                }
-                store.apply(&records, &positions)
-            })
+            .spawn(move || write_cycle(&store, &chunks, &records, &positions))
             .map_err(|e| ServiceError::internal(format!("cannot start a state write: {e}")))?;
         self.writing = Some(handle);
         Ok(())
@@ -123,29 +109,6 @@ impl Part {
         self.out.clear();
         self.out_bytes = 0;
     }
-}
-
-/// Takes the cycle's `n` outbox chunks out of its records: the `n` records
-/// before the marker, the last record. Anything else (no chunks, a layout
-/// that is not this) leaves the records whole, chunks included, for
-/// RocksDB, where [`super::changelog::read_outbox`] finds them too. Outbox
-/// records earlier in the list (an interrupted cycle's, rewritten with
-/// their committed values) stay for RocksDB.
-fn cycle_chunks(records: &mut Vec<Record>, n: usize) -> Vec<Record> {
-    let Some(end) = records.len().checked_sub(1) else {
-        return Vec::new();
-    };
-    let Some(start) = end.checked_sub(n) else {
-        return Vec::new();
-    };
-    let layout = records[end].0 == CYCLE_KEY
-        && records[start..end]
-            .iter()
-            .all(|(k, v)| is_outbox_key(k) && v.is_some());
-    if n == 0 || !layout {
-        return Vec::new();
-    }
-    records.drain(start..end).collect()
 }
 
 fn panicked_write(store: &Store) -> StoreError {
@@ -452,43 +415,6 @@ mod tests {
         assert_eq!(revoke_timeout(Some("soon")), Duration::from_secs(30));
         // No overflow on absurd values.
         assert!(revoke_timeout(Some(&u64::MAX.to_string())) > Duration::from_secs(1));
-    }
-
-    /// Only the cycle's own chunks, just before its marker, leave the
-    /// RocksDB write; an interrupted cycle's outbox records rewritten
-    /// earlier in the list stay, and an unexpected layout keeps all.
-    #[test]
-    fn the_cycles_own_chunks_go_to_the_outbox_file() {
-        use super::super::changelog::outbox_key;
-        let rec = |k: Vec<u8>| (k, Some(vec![1u8]));
-        let mut records = vec![
-            rec(outbox_key(0)),
-            rec(b"s1".to_vec()),
-            rec(outbox_key(0)),
-            rec(outbox_key(1)),
-            rec(CYCLE_KEY.to_vec()),
-        ];
-        let chunks = cycle_chunks(&mut records, 2);
-        assert_eq!(chunks, vec![rec(outbox_key(0)), rec(outbox_key(1))]);
-        assert_eq!(
-            records,
-            vec![
-                rec(outbox_key(0)),
-                rec(b"s1".to_vec()),
-                rec(CYCLE_KEY.to_vec())
-            ]
-        );
-        // No chunks, too many, or no marker last: nothing is taken.
-        for (mut r, n) in [
-            (records.clone(), 0),
-            (records.clone(), 3),
-            (vec![rec(outbox_key(0)), rec(b"s1".to_vec())], 1),
-            (Vec::new(), 1),
-        ] {
-            let before = r.clone();
-            assert!(cycle_chunks(&mut r, n).is_empty());
-            assert_eq!(r, before);
-        }
     }
 
     /// A cycle's write runs off the caller's thread; waiting for it makes
