@@ -288,7 +288,7 @@ impl Engine {
     /// by the open batches.
     pub fn forget_closed_batches(&mut self) {
         let batches = &self.batches;
-        self.dirty_batches.retain(|k| batches.contains_key(k));
+        self.dirty_batches.retain(|seq| batches.contains_key(seq));
     }
 
     /// Whether nothing needs loading (see [`Engine::wants`]).

@@ -7,28 +7,34 @@ use super::*;
 impl Engine {
     /// The single close step: the full batch (if any) and every batch whose
     /// window the watermark has closed, in (window start, series, seq) order.
-    pub(super) fn close_ready(&mut self, full: Option<BatchKey>, out: &mut Vec<ScoreUpdate>) {
+    pub(super) fn close_ready(&mut self, full: Option<u64>, out: &mut Vec<ScoreUpdate>) {
         let wm = self.meta.watermark;
-        let mut ready: Vec<BatchKey> = Vec::new();
-        for k in self.batches.keys() {
-            if !self.cfg.is_closed(k.window_start, wm) {
+        while let Some(entry) = self.windows.first_entry() {
+            if !self.cfg.is_closed(*entry.key(), wm) {
                 break;
             }
-            ready.push(k.clone());
-        }
-        if let Some(f) = full {
-            if !ready.contains(&f) {
-                let at = ready.partition_point(|k| k < &f);
-                ready.insert(at, f);
+            let seqs = entry.remove();
+            // Batches closed full since they opened are gone already.
+            let mut ready: Vec<(&BatchKey, u64)> = seqs
+                .iter()
+                .filter_map(|seq| self.batches.get(seq).map(|b| (&b.key, *seq)))
+                .collect();
+            ready.sort_unstable();
+            let ready: Vec<u64> = ready.into_iter().map(|(_, seq)| seq).collect();
+            for seq in ready {
+                self.close_batch(seq, out);
             }
         }
-        for k in ready {
-            self.close_batch(&k, out);
+        // Its window is still open (else it closed above), and every window
+        // closed above starts before it: it comes last.
+        if let Some(seq) = full {
+            self.close_batch(seq, out);
         }
     }
 
-    pub(super) fn close_batch(&mut self, key: &BatchKey, out: &mut Vec<ScoreUpdate>) {
-        let Some(batch) = self.batches.remove(key) else {
+    /// Closes the open batch `seq` (nothing if it is closed already).
+    pub(super) fn close_batch(&mut self, seq: u64, out: &mut Vec<ScoreUpdate>) {
+        let Some(OpenBatch { key, batch }) = self.batches.remove(&seq) else {
             return;
         };
         if batch.stored {
@@ -143,7 +149,7 @@ impl Engine {
             self.counters.flags += 1;
         }
         out.push(ScoreUpdate {
-            series: key.series.clone(),
+            series: key.series,
             model_id: state.model_id.clone(),
             update_seq: state.update_seq,
             score: new_score,

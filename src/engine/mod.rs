@@ -185,6 +185,24 @@ pub enum Change<'a> {
     Reviewer(&'a ReviewerKey, &'a ReviewerStats),
 }
 
+/// An open batch with its key.
+struct OpenBatch {
+    key: BatchKey,
+    batch: Batch,
+}
+
+/// Adds an open batch to `batches` and to its window's list.
+fn insert_batch<'a>(
+    batches: &'a mut FxHashMap<u64, OpenBatch>,
+    windows: &mut BTreeMap<Nanos, Vec<u64>>,
+    key: BatchKey,
+    batch: Batch,
+) -> &'a mut Batch {
+    let seq = key.seq;
+    windows.entry(key.window_start).or_default().push(seq);
+    &mut batches.entry(seq).or_insert(OpenBatch { key, batch }).batch
+}
+
 /// Summary counters, for metrics and progress.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Counters {
@@ -214,12 +232,20 @@ pub struct Engine {
     /// Boxed: a table's empty slots then cost a pointer, not an entry, and
     /// doubling it copies pointers (both tables are alive meanwhile).
     series: FxHashMap<SeriesKey, Box<SeriesEntry>>,
-    batches: BTreeMap<BatchKey, Batch>,
+    /// Every open batch by its seq (unique in the partition): a vote finds
+    /// its batch with one small-key lookup, and nothing is moved in an
+    /// ordered map per vote.
+    batches: FxHashMap<u64, OpenBatch>,
+    /// The seqs of the batches opened in each window (closed ones stay
+    /// until their window closes), for the close step: windows in order,
+    /// and a window's batches sorted by (series, seq) once, when it closes.
+    windows: BTreeMap<Nanos, Vec<u64>>,
     /// The open batch of each (series, window).
     open: FxHashMap<(SeriesKey, Nanos), u64>,
     dedupe: FxHashMap<IdKey, IdentityEntry>,
     dirty_series: Vec<SeriesKey>,
-    dirty_batches: Vec<BatchKey>,
+    /// Seqs of the batches changed since the last drain.
+    dirty_batches: Vec<u64>,
     /// Closed batches the store holds.
     deleted_batches: Vec<BatchKey>,
     dirty_dedupe: Vec<u128>,
@@ -260,7 +286,8 @@ impl Engine {
             cfg,
             meta: Meta::default(),
             series: FxHashMap::default(),
-            batches: BTreeMap::new(),
+            batches: FxHashMap::default(),
+            windows: BTreeMap::new(),
             open: FxHashMap::default(),
             dedupe: FxHashMap::default(),
             dirty_series: Vec::new(),
@@ -313,7 +340,12 @@ impl Engine {
                 }
                 s.state.pending += b.entries.len() as u64;
             }
-            e.batches.insert(k, Batch { stored: true, ..b });
+            insert_batch(
+                &mut e.batches,
+                &mut e.windows,
+                k,
+                Batch { stored: true, ..b },
+            );
         }
         e
     }
@@ -424,15 +456,20 @@ impl Engine {
                 seq
             }
         };
-        let bkey = BatchKey {
-            window_start: start,
-            series: open_key.0.clone(),
-            seq,
+        let batch = match self.batches.get_mut(&seq) {
+            Some(open) => &mut open.batch,
+            None => {
+                let key = BatchKey {
+                    window_start: start,
+                    series: open_key.0.clone(),
+                    seq,
+                };
+                insert_batch(&mut self.batches, &mut self.windows, key, Batch::default())
+            }
         };
-        let batch = self.batches.entry(bkey.clone()).or_default();
         if !batch.dirty {
             batch.dirty = true;
-            self.dirty_batches.push(bkey.clone());
+            self.dirty_batches.push(seq);
         }
         let vote_id = match &vote.vote_id {
             Some(id) => id.clone(),
@@ -481,8 +518,7 @@ impl Engine {
         }
         // (6) watermark.
         self.advance_to(vote.timestamp - self.cfg.grace_ns);
-        let full_key = full.then_some(bkey);
-        self.close_ready(full_key, out);
+        self.close_ready(full.then_some(seq), out);
         Outcome::Accepted
     }
 
@@ -496,10 +532,14 @@ impl Engine {
     /// Closes every open batch as if the watermark were +∞, without moving
     /// the stored watermark (end of a replay file).
     pub fn close_all(&mut self, out: &mut Vec<ScoreUpdate>) {
-        let keys: Vec<BatchKey> = self.batches.keys().cloned().collect();
-        for k in keys {
-            self.close_batch(&k, out);
+        let mut keys: Vec<(&BatchKey, u64)> =
+            self.batches.iter().map(|(&seq, b)| (&b.key, seq)).collect();
+        keys.sort_unstable();
+        let seqs: Vec<u64> = keys.into_iter().map(|(_, seq)| seq).collect();
+        for seq in seqs {
+            self.close_batch(seq, out);
         }
+        self.windows.clear();
     }
 
     fn forgotten(&self, seen_at: Nanos, wm: Option<Nanos>) -> bool {
@@ -539,12 +579,12 @@ impl Engine {
                 sink(Change::Series(&k, &e.state));
             }
         }
-        for k in self.dirty_batches.drain(..) {
+        for seq in self.dirty_batches.drain(..) {
             // A batch closed since is deleted below if the store has it.
-            if let Some(b) = self.batches.get_mut(&k) {
-                b.dirty = false;
-                b.stored = true;
-                sink(Change::Batch(&k, Some(b)));
+            if let Some(open) = self.batches.get_mut(&seq) {
+                open.batch.dirty = false;
+                open.batch.stored = true;
+                sink(Change::Batch(&open.key, Some(&open.batch)));
             }
         }
         for k in self.deleted_batches.drain(..) {
