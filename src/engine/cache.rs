@@ -25,8 +25,11 @@ pub struct Wants {
 #[derive(Debug, Clone)]
 pub(super) struct SeriesEntry {
     pub state: SeriesState,
-    /// Open batches of this series: they need the state when they close.
-    pub pins: u32,
+    /// Seqs of this series' open batches (at most one per window; they
+    /// need the state when they close, so they pin it in the cache). A
+    /// vote finds its batch here: one series lookup per vote. Inline up to
+    /// two (the open windows of a series are few: window + grace).
+    pub open: smallvec::SmallVec<[u64; 2]>,
     /// Changed since the last drain.
     pub dirty: bool,
     /// Tick of the last use (least recently used goes first).
@@ -245,7 +248,7 @@ impl Engine {
             key,
             Box::new(SeriesEntry {
                 state,
-                pins: 0,
+                open: smallvec::SmallVec::new(),
                 dirty: false,
                 used: self.tick,
                 born: 0,
@@ -306,7 +309,7 @@ impl Engine {
         let need = self.cache_bytes - target(budget);
         let mut candidates: Vec<(u64, usize)> = Vec::new();
         for (k, e) in &self.series {
-            if !e.dirty && e.pins == 0 {
+            if !e.dirty && e.open.is_empty() {
                 let b = series_bytes(&k.inference_id, &k.voter_prompt_id, &e.state);
                 candidates.push((e.used, b));
             }
@@ -326,7 +329,7 @@ impl Engine {
         };
         let mut freed = 0;
         self.series.retain(|k, e| {
-            let keep = e.dirty || e.pins > 0 || e.used > cut;
+            let keep = e.dirty || !e.open.is_empty() || e.used > cut;
             if !keep {
                 freed += series_bytes(&k.inference_id, &k.voter_prompt_id, &e.state);
             }
@@ -378,14 +381,21 @@ impl Engine {
     /// of the engine's hash lookups): created if new, its model set if it
     /// had none, its use tick, a pin for the batch the vote opens (if it
     /// does), the vote counted as pending, and marked changed.
+    /// Step (4) on the series of an accepted vote in the window starting
+    /// at `window_start`: created if new (a first vote's model id is
+    /// kept), counted, marked used and dirty. Returns the seq of the
+    /// series' open batch of that window (a new seq if it has none: the
+    /// caller opens that batch).
     pub(super) fn accept_into_series(
         &mut self,
         key: &SeriesKey,
+        window_start: Nanos,
         model_id: Option<&str>,
-        opens_batch: bool,
-    ) {
+    ) -> u64 {
         let tick = self.tick;
         let Some(e) = self.series.get_mut(key) else {
+            let seq = self.meta.take_batch_seq();
+            self.meta_dirty = true;
             let mut state = SeriesState::new(model_id, &self.cfg);
             self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
             state.pending = 1;
@@ -394,22 +404,33 @@ impl Engine {
                 key.clone(),
                 Box::new(SeriesEntry {
                     state,
-                    pins: u32::from(opens_batch),
+                    open: smallvec::smallvec![seq],
                     dirty: true,
                     used: tick,
                     born: tick,
                 }),
             );
-            return;
+            return seq;
         };
         e.used = tick;
-        e.pins += u32::from(opens_batch);
         e.state.pending += 1;
         if !std::mem::replace(&mut e.dirty, true) {
             self.dirty_series.push(key.clone());
         }
+        let batches = &self.batches;
+        let found = e.open.iter().copied().find(|seq| {
+            batches
+                .get(seq)
+                .is_some_and(|b| b.key.window_start == window_start)
+        });
+        let seq = found.unwrap_or_else(|| {
+            let seq = self.meta.take_batch_seq();
+            self.meta_dirty = true;
+            e.open.push(seq);
+            seq
+        });
         if e.state.model_id.is_some() || model_id.is_none() {
-            return;
+            return seq;
         }
         let before = self
             .cfg
@@ -421,6 +442,7 @@ impl Engine {
             let after = super::board::placement(&key.voter_prompt_id, &e.state);
             self.move_on_board(before, after);
         }
+        seq
     }
 }
 

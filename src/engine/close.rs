@@ -40,10 +40,6 @@ impl Engine {
         if batch.stored {
             self.deleted_batches.push(key.clone());
         }
-        let open_key = (key.series.clone(), key.window_start);
-        if self.open.get(&open_key) == Some(&key.seq) {
-            self.open.remove(&open_key);
-        }
         let accepted = batch.entries.len() as u64;
         let superseded = batch.entries.iter().filter(|e| !e.live).count() as u32;
         let abstentions = batch
@@ -67,7 +63,7 @@ impl Engine {
         let Some(entry) = self.series.get_mut(&key.series) else {
             return;
         };
-        entry.pins = entry.pins.saturating_sub(1);
+        entry.open.retain(|s| *s != seq);
         if !std::mem::replace(&mut entry.dirty, true) {
             self.dirty_series.push(key.series.clone());
         }

@@ -240,8 +240,6 @@ pub struct Engine {
     /// until their window closes), for the close step: windows in order,
     /// and a window's batches sorted by (series, seq) once, when it closes.
     windows: BTreeMap<Nanos, Vec<u64>>,
-    /// The open batch of each (series, window).
-    open: FxHashMap<(SeriesKey, Nanos), u64>,
     dedupe: FxHashMap<IdKey, IdentityEntry>,
     dirty_series: Vec<SeriesKey>,
     /// Seqs of the batches changed since the last drain.
@@ -288,7 +286,6 @@ impl Engine {
             series: FxHashMap::default(),
             batches: FxHashMap::default(),
             windows: BTreeMap::new(),
-            open: FxHashMap::default(),
             dedupe: FxHashMap::default(),
             dirty_series: Vec::new(),
             dirty_batches: Vec::new(),
@@ -330,9 +327,8 @@ impl Engine {
         }
         let mut recounted = std::collections::HashSet::new();
         for (k, b) in batches {
-            e.open.insert((k.series.clone(), k.window_start), k.seq);
             if let Some(s) = e.series.get_mut(&k.series) {
-                s.pins += 1;
+                s.open.push(k.seq);
                 // Recounted from the batches (a series stored before
                 // `pending` existed reads 0).
                 if recounted.insert(k.series.clone()) {
@@ -443,25 +439,14 @@ impl Engine {
             inference_id: vote.inference_id.clone(),
             voter_prompt_id: vote.voter_prompt_id.clone(),
         };
-        let open_key = (skey, start);
-        let open_seq = self.open.get(&open_key).copied();
-        self.accept_into_series(&open_key.0, vote.model_id.as_deref(), open_seq.is_none());
-        let seq = match open_seq {
-            Some(seq) => seq,
-            None => {
-                let seq = self.meta.next_batch_seq;
-                self.meta.next_batch_seq += 1;
-                self.meta_dirty = true;
-                self.open.insert(open_key.clone(), seq);
-                seq
-            }
-        };
+        // A new batch's seq is new: it is not among the batches yet.
+        let seq = self.accept_into_series(&skey, start, vote.model_id.as_deref());
         let batch = match self.batches.get_mut(&seq) {
             Some(open) => &mut open.batch,
             None => {
                 let key = BatchKey {
                     window_start: start,
-                    series: open_key.0.clone(),
+                    series: skey.clone(),
                     seq,
                 };
                 insert_batch(&mut self.batches, &mut self.windows, key, Batch::default())
@@ -506,11 +491,8 @@ impl Engine {
         }
         batch.entries.push(entry);
         // (5) full?
+        // (It closes below, and leaves its series' open batches then.)
         let full = batch.counted >= self.cfg.max_votes;
-        if full {
-            self.open.remove(&open_key);
-        }
-        let (skey, _) = open_key;
         if self.cfg.query_index && new_voter {
             self.cache_bytes += cache::voter_bytes(&skey, &vote.voter_id);
             self.dirty_voters

@@ -160,6 +160,15 @@ pub struct Batch {
     pub(super) stored: bool,
 }
 
+impl Meta {
+    /// The next batch seq (the partition's opening order).
+    pub(super) fn take_batch_seq(&mut self) -> u64 {
+        let seq = self.next_batch_seq;
+        self.next_batch_seq += 1;
+        seq
+    }
+}
+
 /// Partition-wide values.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct Meta {
