@@ -185,15 +185,34 @@ pub fn score_update_events<E>(
     processed_at: &str,
     mut emit: impl FnMut(Route, Vec<u8>) -> Result<(), E>,
 ) -> Result<(), E> {
-    let mut out = Vec::with_capacity(EVENT_BYTES);
-    write_score_updated(&mut out, u, processed_at);
-    emit(Route::Scores, out)?;
-    if u.ambiguous {
+    for route in score_update_routes(u) {
         let mut out = Vec::with_capacity(EVENT_BYTES);
-        write_ambiguity_flagged(&mut out, u, processed_at);
-        emit(Route::Flags, out)?;
+        write_score_update_event(&mut out, route, u, processed_at);
+        emit(route, out)?;
     }
     Ok(())
+}
+
+/// The routes of [`score_update_events`], in emission order.
+pub fn score_update_routes(u: &ScoreUpdate) -> impl Iterator<Item = Route> {
+    std::iter::once(Route::Scores).chain(u.ambiguous.then_some(Route::Flags))
+}
+
+/// The event of a score update on `route` (see [`score_update_routes`]),
+/// appended to `out` (replay writes its lines into one buffer this way,
+/// with no buffer per event).
+pub fn write_score_update_event(
+    out: &mut Vec<u8>,
+    route: Route,
+    u: &ScoreUpdate,
+    processed_at: &str,
+) {
+    match route {
+        Route::Scores => write_score_updated(out, u, processed_at),
+        Route::Flags => write_ambiguity_flagged(out, u, processed_at),
+        // Not a route of a score update.
+        Route::Dlq => {}
+    }
 }
 
 /// `vote_rejected` as one JSON object.

@@ -8,13 +8,21 @@ use std::time::{Duration, Instant};
 use super::Sink;
 use crate::engine::{Engine, ScoreUpdate};
 use crate::input::{dlq_payload, Rejection};
-use crate::output::{processed_at, score_update_events, vote_rejected_json, Source};
+use crate::output::{
+    processed_at, score_update_routes, vote_rejected_json, write_score_update_event, Source,
+};
 use crate::time::wall_clock;
 
+/// Output bytes gathered before a write to the output.
+const OUT_BUFFER: usize = 1 << 20;
+
 /// Writes events as JSON lines, refreshing `processed_at` now and then.
+/// Events are encoded straight into one buffer (no allocation per event),
+/// written out once it holds [`OUT_BUFFER`] bytes.
 struct EventWriter<W: Write> {
     metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
     out: W,
+    buf: Vec<u8>,
     stamp: String,
     stamped_at: Instant,
     events: u64,
@@ -25,6 +33,7 @@ impl<W: Write> EventWriter<W> {
         EventWriter {
             metrics,
             out,
+            buf: Vec::with_capacity(OUT_BUFFER + 64 * 1024),
             stamp: processed_at(wall_clock()),
             stamped_at: Instant::now(),
             events: 0,
@@ -38,10 +47,13 @@ impl<W: Write> EventWriter<W> {
         }
     }
 
-    fn line(&mut self, json: &[u8]) -> std::io::Result<()> {
-        self.events += 1;
-        self.out.write_all(json)?;
-        self.out.write_all(b"\n")
+    /// Writes the buffer out once it is full (`all`: whatever it holds).
+    fn drain(&mut self, all: bool) -> std::io::Result<()> {
+        if self.buf.len() >= OUT_BUFFER || all {
+            self.out.write_all(&self.buf)?;
+            self.buf.clear();
+        }
+        Ok(())
     }
 
     fn write(&mut self, e: Produced) -> std::io::Result<()> {
@@ -51,10 +63,11 @@ impl<W: Write> EventWriter<W> {
                 if let Some(m) = &self.metrics {
                     m.score_update(&u, wall_clock() as f64 / 1e9);
                 }
-                let stamp = std::mem::take(&mut self.stamp);
-                let r = score_update_events(&u, &stamp, |_, json| self.line(&json));
-                self.stamp = stamp;
-                r
+                for route in score_update_routes(&u) {
+                    write_score_update_event(&mut self.buf, route, &u, &self.stamp);
+                    self.buf.push(b'\n');
+                    self.events += 1;
+                }
             }
             Produced::Rejected(r, bytes, line) => {
                 if let Some(m) = &self.metrics {
@@ -62,9 +75,12 @@ impl<W: Write> EventWriter<W> {
                 }
                 let payload = dlq_payload(&bytes);
                 let s = vote_rejected_json(&r, &payload, &Source::Line { line }, &self.stamp);
-                self.line(s.as_bytes())
+                self.buf.extend_from_slice(s.as_bytes());
+                self.buf.push(b'\n');
+                self.events += 1;
             }
         }
+        self.drain(false)
     }
 }
 
@@ -177,7 +193,7 @@ pub(super) fn encode_events<W: Write>(
     out: W,
     metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
 ) -> std::io::Result<u64> {
-    let mut w = EventWriter::new(std::io::BufWriter::with_capacity(1 << 20, out), metrics);
+    let mut w = EventWriter::new(out, metrics);
     for mut batch in batches.rx {
         for e in batch.drain(..) {
             w.write(e)?;
@@ -185,6 +201,7 @@ pub(super) fn encode_events<W: Write>(
         // The engine may have enough (it takes one per batch it sends).
         let _ = batches.emptied.try_send(batch);
     }
+    w.drain(true)?;
     w.out.flush()?;
     Ok(w.events)
 }

@@ -146,13 +146,16 @@ impl Store {
         let mut earliest: Option<Vec<u8>> = None;
         let mut chunks = bulk.chunks.into_iter().peekable();
         while let Some(chunk) = chunks.next() {
+            // The batch's bytes: every key and value, and a few bytes of
+            // tag and lengths each (sized once, not grown record by record).
+            let wb_bytes = chunk.bytes.len() + 12 * chunk.lens.len() + 64;
             let mut puts = chunk.puts();
             if let Some(t) = sort_puts(&mut puts) {
                 if earliest.as_ref().is_none_or(|e| t < *e) {
                     earliest = Some(t);
                 }
             }
-            let mut wb = WriteBatch::default();
+            let mut wb = WriteBatch::with_capacity_bytes(wb_bytes);
             put_all(&mut wb, &puts);
             if chunks.peek().is_none() {
                 return self.write_lowering(wb, earliest, opts);
