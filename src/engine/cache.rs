@@ -379,13 +379,10 @@ impl Engine {
 
     /// An accepted vote's series, in one lookup (the series table was most
     /// of the engine's hash lookups): created if new, its model set if it
-    /// had none, its use tick, a pin for the batch the vote opens (if it
-    /// does), the vote counted as pending, and marked changed.
-    /// Step (4) on the series of an accepted vote in the window starting
-    /// at `window_start`: created if new (a first vote's model id is
-    /// kept), counted, marked used and dirty. Returns the seq of the
-    /// series' open batch of that window (a new seq if it has none: the
-    /// caller opens that batch).
+    /// had none, its use tick, the vote counted as pending, and marked
+    /// changed. Returns the seq of the series' open batch of the window
+    /// starting at `window_start`, or a new seq that the series now lists
+    /// (the caller opens that batch).
     pub(super) fn accept_into_series(
         &mut self,
         key: &SeriesKey,

@@ -14,14 +14,7 @@ impl Engine {
                 break;
             }
             let seqs = entry.remove();
-            // Batches closed full since they opened are gone already.
-            let mut ready: Vec<(&BatchKey, u64)> = seqs
-                .iter()
-                .filter_map(|seq| self.batches.get(seq).map(|b| (&b.key, *seq)))
-                .collect();
-            ready.sort_unstable();
-            let ready: Vec<u64> = ready.into_iter().map(|(_, seq)| seq).collect();
-            for seq in ready {
+            for seq in self.in_close_order(seqs) {
                 self.close_batch(seq, out);
             }
         }
@@ -30,6 +23,17 @@ impl Engine {
         if let Some(seq) = full {
             self.close_batch(seq, out);
         }
+    }
+
+    /// The open batches among `seqs` (those closed since are skipped) in
+    /// close order: (window start, series, seq).
+    pub(super) fn in_close_order(&self, seqs: impl IntoIterator<Item = u64>) -> Vec<u64> {
+        let mut keys: Vec<&BatchKey> = seqs
+            .into_iter()
+            .filter_map(|seq| self.batches.get(&seq).map(|b| &b.key))
+            .collect();
+        keys.sort_unstable();
+        keys.into_iter().map(|k| k.seq).collect()
     }
 
     /// Closes the open batch `seq` (nothing if it is closed already).

@@ -490,8 +490,7 @@ impl Engine {
             batch.counted += 1;
         }
         batch.entries.push(entry);
-        // (5) full?
-        // (It closes below, and leaves its series' open batches then.)
+        // (5) full? (It closes below, and leaves its series' list then.)
         let full = batch.counted >= self.cfg.max_votes;
         if self.cfg.query_index && new_voter {
             self.cache_bytes += cache::voter_bytes(&skey, &vote.voter_id);
@@ -514,11 +513,7 @@ impl Engine {
     /// Closes every open batch as if the watermark were +∞, without moving
     /// the stored watermark (end of a replay file).
     pub fn close_all(&mut self, out: &mut Vec<ScoreUpdate>) {
-        let mut keys: Vec<(&BatchKey, u64)> =
-            self.batches.iter().map(|(&seq, b)| (&b.key, seq)).collect();
-        keys.sort_unstable();
-        let seqs: Vec<u64> = keys.into_iter().map(|(_, seq)| seq).collect();
-        for seq in seqs {
+        for seq in self.in_close_order(self.batches.keys().copied().collect::<Vec<_>>()) {
             self.close_batch(seq, out);
         }
         self.windows.clear();
