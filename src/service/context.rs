@@ -11,6 +11,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::ProducerContext;
 use rdkafka::ClientContext;
+use rustc_hash::FxHashMap;
 
 use super::client::Tp;
 use super::error::ServiceError;
@@ -25,8 +26,9 @@ pub type Consumer = BaseConsumer<Ctx>;
 #[derive(Default)]
 pub struct ProduceCtx {
     /// Topic → partition → offset: a report looks its topic up by `&str`
-    /// (no allocation per acknowledged record).
-    acked: Mutex<HashMap<String, HashMap<i32, i64>>>,
+    /// (no allocation per acknowledged record), with a fast hash (SipHash
+    /// was ~1 % of the poll loop: one lookup per acknowledged record).
+    acked: Mutex<FxHashMap<String, FxHashMap<i32, i64>>>,
     failure: Mutex<Option<KafkaError>>,
 }
 
