@@ -513,7 +513,7 @@ impl Engine {
     /// Closes every open batch as if the watermark were +∞, without moving
     /// the stored watermark (end of a replay file).
     pub fn close_all(&mut self, out: &mut Vec<ScoreUpdate>) {
-        for seq in self.in_close_order(self.batches.keys().copied().collect::<Vec<_>>()) {
+        for seq in self.in_close_order(self.batches.keys().copied()) {
             self.close_batch(seq, out);
         }
         self.windows.clear();

@@ -201,8 +201,7 @@ mod tests {
     #[test]
     fn flush_now_gives_up_at_its_timeout_when_nothing_is_acknowledged() {
         let p = producer();
-        send_waiting(&p, BaseRecord::to("t").payload(&b"v"[..]).key(&b"k"[..]))
-            .expect("queued");
+        send_waiting(&p, BaseRecord::to("t").payload(&b"v"[..]).key(&b"k"[..])).expect("queued");
         let started = Instant::now();
         let err = flush_now(&p, Duration::from_millis(300)).expect_err("no broker");
         assert!(
