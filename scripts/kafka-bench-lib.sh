@@ -13,7 +13,8 @@ for l in sys.stdin:
 
 # service_config RUN GROUP STATE_DIR LISTEN DELIVERY BROKERS: a `jurystream
 # run` configuration for input topic RUN-votes (4 partitions) and outputs
-# RUN-scores, RUN-flags, RUN-dlq.
+# RUN-scores, RUN-flags, RUN-dlq. COMMIT_INTERVAL_MS, when set, sets
+# kafka.commit_interval_ms (otherwise the default).
 service_config() {
     cat <<TOML
 [batching]
@@ -30,6 +31,7 @@ group_id = "$2"
 input_topics = ["$1-votes"]
 topic_partitions = 4
 delivery = "$5"
+${COMMIT_INTERVAL_MS:+commit_interval_ms = $COMMIT_INTERVAL_MS}
 [kafka.properties]
 "session.timeout.ms" = "6000"
 "max.poll.interval.ms" = "6000"

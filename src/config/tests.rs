@@ -41,7 +41,8 @@ fn defaults_load_and_match_the_contract() {
     assert_eq!(c.kafka.group_id, "jurystream");
     assert_eq!(c.kafka.brokers, "localhost:9092");
     assert_eq!(c.kafka.input_topics, vec!["votes".to_string()]);
-    assert_eq!(c.kafka.commit_interval_ms, 100);
+    assert_eq!(c.kafka.commit_interval_ms, None);
+    assert_eq!(c.kafka.commit_interval_ms(), 100);
     assert_eq!(c.kafka.delivery, Delivery::ExactlyOnce);
     assert_eq!(c.state.dir, "data");
     assert_eq!(c.log.format, LogFormat::Text);
@@ -50,6 +51,22 @@ fn defaults_load_and_match_the_contract() {
     assert_eq!(e.grace_ns, 5 * NANOS_PER_SEC);
     assert_eq!(e.retention_ns, 2_592_000 * NANOS_PER_SEC);
     assert_eq!(e.defaults.time_unit, TimeUnit::Seconds);
+}
+
+#[test]
+fn the_commit_interval_defaults_by_delivery_mode_unless_set() {
+    let interval = |file: &str, env: &[(&str, &str)]| load(file, env).unwrap().kafka.commit_interval_ms();
+    let alo = [("JURYSTREAM_KAFKA__DELIVERY", "at_least_once")];
+    let outbox = [("JURYSTREAM_KAFKA__DELIVERY", "exactly_once_outbox")];
+    assert_eq!(interval("", &[]), 100);
+    assert_eq!(interval("", &outbox), 100);
+    assert_eq!(interval("", &alo), 500);
+    assert_eq!(interval("[kafka]\ncommit_interval_ms = 100\n", &alo), 100);
+    assert_eq!(interval("[kafka]\ncommit_interval_ms = 2000\n", &[]), 2000);
+    assert_eq!(
+        interval("", &[("JURYSTREAM_KAFKA__COMMIT_INTERVAL_MS", "250"), alo[0]]),
+        250
+    );
 }
 
 #[test]
@@ -296,7 +313,7 @@ fn use_durations(c: &Config) {
         // As the service computes it.
         let _ = (s * NANOS_PER_SEC as f64) as i128;
     }
-    for ms in [c.kafka.commit_interval_ms, c.kafka.shutdown_timeout_ms] {
+    for ms in [c.kafka.commit_interval_ms(), c.kafka.shutdown_timeout_ms] {
         let d = Duration::from_millis(u64::try_from(ms).unwrap());
         assert!(now.checked_add(d).is_some());
         assert!(i32::try_from(d.as_millis()).is_ok());

@@ -239,7 +239,7 @@ fn session(
 }
 
 fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()> {
-    let commit_every = Duration::from_millis(cfg.kafka.commit_interval_ms as u64);
+    let commit_every = Duration::from_millis(cfg.kafka.commit_interval_ms() as u64);
     // The record's topic and partition, its name copied only when it changes.
     let mut tp: Tp = (String::new(), -1);
     while !stop.load(Ordering::SeqCst) {
