@@ -143,6 +143,7 @@ fn readme_configuration_table_names_every_default_key() {
     keys("", &defaults, &mut all);
     // Keys default.toml only shows commented out.
     all.push("input.default_voter_prompt_id".into());
+    all.push("kafka.commit_interval_ms".into());
     for k in [
         "aggregator",
         "temperature",

@@ -55,7 +55,8 @@ fn defaults_load_and_match_the_contract() {
 
 #[test]
 fn the_commit_interval_defaults_by_delivery_mode_unless_set() {
-    let interval = |file: &str, env: &[(&str, &str)]| load(file, env).unwrap().kafka.commit_interval_ms();
+    let interval =
+        |file: &str, env: &[(&str, &str)]| load(file, env).unwrap().kafka.commit_interval_ms();
     let alo = [("JURYSTREAM_KAFKA__DELIVERY", "at_least_once")];
     let outbox = [("JURYSTREAM_KAFKA__DELIVERY", "exactly_once_outbox")];
     assert_eq!(interval("", &[]), 100);
@@ -64,7 +65,10 @@ fn the_commit_interval_defaults_by_delivery_mode_unless_set() {
     assert_eq!(interval("[kafka]\ncommit_interval_ms = 100\n", &alo), 100);
     assert_eq!(interval("[kafka]\ncommit_interval_ms = 2000\n", &[]), 2000);
     assert_eq!(
-        interval("", &[("JURYSTREAM_KAFKA__COMMIT_INTERVAL_MS", "250"), alo[0]]),
+        interval(
+            "",
+            &[("JURYSTREAM_KAFKA__COMMIT_INTERVAL_MS", "250"), alo[0]]
+        ),
         250
     );
 }
