@@ -8,8 +8,9 @@
 //! the key it is about, or the environment variable that set it.
 
 mod choice;
+mod validate;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
@@ -195,7 +196,8 @@ impl Kafka {
     /// the interval is their latency) and 500 ms in `at_least_once` (events
     /// are sent as emitted; a cycle's fixed costs, its changelog records
     /// and its RocksDB write are then shared by five times as many votes:
-    /// docs/decisions.md, "The commit interval's default").
+    /// docs/decisions.md, "The commit interval's default follows the
+    /// delivery mode").
     pub fn commit_interval_ms(&self) -> i64 {
         self.commit_interval_ms.unwrap_or(match self.delivery {
             Delivery::AtLeastOnce => 500,
@@ -420,267 +422,9 @@ fn blame_env(e: ConfigError, from_env: &BTreeMap<String, String>) -> ConfigError
     }
 }
 
-impl Sections {
-    fn into_config(self) -> Result<Config, ConfigError> {
-        self.validate()?;
-        let engine = self.engine()?;
-        Ok(Config {
-            batching: self.batching,
-            scoring: self.scoring,
-            ambiguity: self.ambiguity,
-            input: self.input,
-            dedupe: self.dedupe,
-            outputs: self.outputs,
-            metrics: self.metrics,
-            api: self.api,
-            kafka: self.kafka,
-            state: self.state,
-            log: self.log,
-            rubrics: self.rubrics,
-            engine,
-        })
-    }
-
-    fn validate(&self) -> Result<(), ConfigError> {
-        let b = &self.batching;
-        seconds("batching.window_seconds", b.window_seconds)?;
-        if b.window_seconds > 0.0 && seconds_to_ns(b.window_seconds) == 0 {
-            return Err(ConfigError(
-                "batching.window_seconds: must be 0 or at least one nanosecond".into(),
-            ));
-        }
-        seconds("batching.grace_seconds", b.grace_seconds)?;
-        in_range("batching.max_votes", b.max_votes, 1, MAX_VOTES)?;
-        positive("batching.idle_flush_seconds", b.idle_flush_seconds)?;
-        seconds("batching.idle_flush_seconds", b.idle_flush_seconds)?;
-        let s = &self.scoring;
-        finite("scoring.initial_score", s.initial_score)?;
-        if !(0.0..=1.0).contains(&s.initial_score) {
-            return Err(ConfigError(format!(
-                "scoring.initial_score: must be in [0, 1], got {}",
-                s.initial_score
-            )));
-        }
-        seconds("scoring.initial_gap_seconds", s.initial_gap_seconds)?;
-        in_range(
-            "ambiguity.min_votes",
-            self.ambiguity.min_votes,
-            0,
-            MAX_VOTES,
-        )?;
-        in_range(
-            "input.max_message_bytes",
-            self.input.max_message_bytes,
-            1,
-            MAX_MESSAGE_BYTES,
-        )?;
-        seconds(
-            "input.max_future_skew_seconds",
-            self.input.max_future_skew_seconds,
-        )?;
-        if let Some(d) = &self.input.default_voter_prompt_id {
-            if d.is_empty() || d.len() > 256 {
-                return Err(ConfigError(
-                    "input.default_voter_prompt_id: must be 1..=256 bytes".into(),
-                ));
-            }
-        }
-        seconds("dedupe.retention_seconds", self.dedupe.retention_seconds)?;
-        seconds(
-            "state.cleanup_grace_seconds",
-            self.state.cleanup_grace_seconds,
-        )?;
-        in_range("state.cache_mb", self.state.cache_mb, 0, MAX_CACHE_MB)?;
-        for (k, v) in [
-            ("outputs.scores_topic", &self.outputs.scores_topic),
-            ("outputs.flags_topic", &self.outputs.flags_topic),
-            ("outputs.dlq_topic", &self.outputs.dlq_topic),
-            ("kafka.brokers", &self.kafka.brokers),
-            ("kafka.group_id", &self.kafka.group_id),
-            ("state.dir", &self.state.dir),
-        ] {
-            if v.is_empty() {
-                return Err(ConfigError(format!("{k}: must not be empty")));
-            }
-        }
-        self.metrics
-            .listen
-            .parse::<std::net::SocketAddr>()
-            .map_err(|e| ConfigError(format!("metrics.listen: {e}")))?;
-        in_range(
-            "metrics.max_label_values",
-            self.metrics.max_label_values,
-            1,
-            MAX_LABEL_VALUES,
-        )?;
-        in_range(
-            "api.peer_timeout_ms",
-            self.api.peer_timeout_ms,
-            1,
-            MAX_MILLIS,
-        )?;
-        for p in &self.api.peers {
-            let ok = p
-                .strip_prefix("http://")
-                .is_some_and(|rest| !rest.is_empty() && !rest.contains(['?', '#']));
-            if !ok {
-                return Err(ConfigError(format!(
-                    "api.peers: {p:?} is not an http:// base URL (like \"http://host:9464\")"
-                )));
-            }
-        }
-        let k = &self.kafka;
-        if k.input_topics.is_empty() || k.input_topics.iter().any(String::is_empty) {
-            return Err(ConfigError(
-                "kafka.input_topics: must list at least one non-empty topic".into(),
-            ));
-        }
-        in_range(
-            "kafka.commit_interval_ms",
-            k.commit_interval_ms(),
-            1,
-            MAX_MILLIS,
-        )?;
-        in_range(
-            "kafka.topic_partitions",
-            k.topic_partitions,
-            1,
-            MAX_TOPIC_PARTITIONS,
-        )?;
-        in_range(
-            "kafka.replication_factor",
-            k.replication_factor,
-            1,
-            MAX_REPLICATION_FACTOR,
-        )?;
-        in_range(
-            "kafka.shutdown_timeout_ms",
-            k.shutdown_timeout_ms,
-            1,
-            MAX_MILLIS,
-        )?;
-        for (key, v) in &k.properties {
-            if matches!(v, toml::Value::Table(_) | toml::Value::Array(_)) {
-                return Err(ConfigError(format!(
-                    "kafka.properties.{key}: must be a string, number or boolean"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// The engine's configuration; checks the scoring parameters of the
-    /// defaults and of every rubric on the way.
-    fn engine(&self) -> Result<EngineConfig, ConfigError> {
-        let defaults = self.rubric_params("scoring", "ambiguity", &RubricOverride::default())?;
-        let mut rubrics = HashMap::new();
-        for (name, o) in &self.rubrics {
-            let prefix = format!("rubrics.{name}");
-            rubrics.insert(name.clone(), self.rubric_params(&prefix, &prefix, o)?);
-        }
-        let b = &self.batching;
-        Ok(EngineConfig {
-            window_ns: seconds_to_ns(b.window_seconds),
-            window_seconds: b.window_seconds,
-            grace_ns: seconds_to_ns(b.grace_seconds),
-            max_votes: b.max_votes as u32,
-            initial_score: self.scoring.initial_score,
-            initial_gap_ns: seconds_to_ns(self.scoring.initial_gap_seconds),
-            min_votes: self.ambiguity.min_votes as u32,
-            retention_ns: seconds_to_ns(self.dedupe.retention_seconds),
-            defaults,
-            rubrics,
-            query_index: false,
-            companions: Vec::new(),
-        })
-    }
-
-    /// `o` over the defaults; errors name `{scoring}.x` or `{ambiguity}.x`.
-    fn rubric_params(
-        &self,
-        scoring: &str,
-        ambiguity: &str,
-        o: &RubricOverride,
-    ) -> Result<RubricParams, ConfigError> {
-        let d = &self.scoring;
-        let lambda = o.lambda.unwrap_or(d.lambda);
-        let temperature = o.temperature.unwrap_or(d.temperature);
-        let variance_threshold = o
-            .variance_threshold
-            .unwrap_or(self.ambiguity.variance_threshold);
-        non_negative(&format!("{scoring}.lambda"), lambda)?;
-        finite(&format!("{scoring}.temperature"), temperature)?;
-        if !(0.1..=1.0).contains(&temperature) {
-            return Err(ConfigError(format!(
-                "{scoring}.temperature: must be in [0.1, 1.0], got {temperature}"
-            )));
-        }
-        non_negative(
-            &format!("{ambiguity}.variance_threshold"),
-            variance_threshold,
-        )?;
-        Ok(RubricParams {
-            lambda,
-            time_unit: o.time_unit.unwrap_or(d.time_unit),
-            variance_threshold,
-            aggregator: o.aggregator.unwrap_or(d.aggregator),
-            temperature,
-        })
-    }
-}
-
 /// Seconds (validated finite, in [0, `MAX_SECONDS`]) → whole nanoseconds.
 pub fn seconds_to_ns(s: f64) -> i128 {
     (s * NANOS_PER_SEC as f64).round() as i128
-}
-
-fn finite(key: &str, v: f64) -> Result<(), ConfigError> {
-    if v.is_finite() {
-        Ok(())
-    } else {
-        Err(ConfigError(format!(
-            "{key}: must be a finite number, got {v}"
-        )))
-    }
-}
-
-fn non_negative(key: &str, v: f64) -> Result<(), ConfigError> {
-    finite(key, v)?;
-    if v < 0.0 {
-        return Err(ConfigError(format!("{key}: must be >= 0, got {v}")));
-    }
-    Ok(())
-}
-
-fn positive(key: &str, v: f64) -> Result<(), ConfigError> {
-    finite(key, v)?;
-    if v <= 0.0 {
-        return Err(ConfigError(format!("{key}: must be > 0, got {v}")));
-    }
-    Ok(())
-}
-
-/// A duration in seconds: finite, in [0, `MAX_SECONDS`] (100 years).
-fn seconds(key: &str, v: f64) -> Result<(), ConfigError> {
-    non_negative(key, v)?;
-    if v > MAX_SECONDS {
-        return Err(ConfigError(format!(
-            "{key}: must be at most {MAX_SECONDS} (100 years), got {v}"
-        )));
-    }
-    Ok(())
-}
-
-fn in_range(key: &str, v: i64, min: i64, max: i64) -> Result<(), ConfigError> {
-    if v < min {
-        return Err(ConfigError(format!("{key}: must be >= {min}, got {v}")));
-    }
-    if v > max {
-        return Err(ConfigError(format!(
-            "{key}: must be at most {max}, got {v}"
-        )));
-    }
-    Ok(())
 }
 
 /// An environment value: a TOML value when it parses as one, else a string.
