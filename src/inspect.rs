@@ -27,8 +27,10 @@ pub fn partition_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-/// The JSON document `inspect` prints.
-pub fn inspect(dir: &Path, inference_id: &str) -> Result<Value> {
+/// The JSON document `inspect` prints; `initial_score` is
+/// `scoring.initial_score`, the part of a score its interval leaves out
+/// (SPEC §13).
+pub fn inspect(dir: &Path, inference_id: &str, initial_score: f64) -> Result<Value> {
     let dirs = partition_dirs(dir)?;
     if dirs.is_empty() {
         anyhow::bail!("no jurystream state under {}", dir.display());
@@ -50,6 +52,8 @@ pub fn inspect(dir: &Path, inference_id: &str) -> Result<Value> {
                 "votes": s.votes,
                 "abstentions": s.abstentions,
                 "ambiguous": s.ambiguous,
+                "effective_votes": s.evidence.effective_votes(),
+                "score_interval": s.evidence.interval(s.score, initial_score),
             }));
         }
         for (k, b) in store.batches_of(inference_id)? {

@@ -110,6 +110,11 @@ enum Command {
         /// State directory.
         #[arg(long, value_name = "DIR")]
         state_dir: PathBuf,
+        /// The configuration the state was written with (its
+        /// scoring.initial_score places each score's interval; default: the
+        /// built-in defaults and JURYSTREAM_* overrides).
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
         /// The inference id (integers in their decimal form).
         #[arg(long, value_name = "ID")]
         inference: String,
@@ -482,10 +487,18 @@ fn main() -> ExitCode {
         .map(|_| ()),
         Command::Inspect {
             state_dir,
+            config,
             inference,
-        } => jurystream::inspect::inspect(&state_dir, &inference).map(|v| {
-            println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-        }),
+        } => {
+            let cfg = match load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            let initial_score = cfg.engine().initial_score;
+            jurystream::inspect::inspect(&state_dir, &inference, initial_score).map(|v| {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            })
+        }
         Command::Query {
             url,
             inference,

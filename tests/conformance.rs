@@ -1,5 +1,6 @@
 //! The shared conformance kit (`../shared/conformance/check.sh`, next to
-//! this repository) against the built binary: every case must pass. Skipped
+//! this repository) against the built binary: every case of `cases/` and
+//! of `cases-v3/` (SPEC §13's fields) must pass. Skipped
 //! with a note when the kit is not there, unless JURYSTREAM_REQUIRE_BROKER=1
 //! (then a missing kit fails).
 
@@ -33,17 +34,25 @@ fn shared_conformance_kit_passes() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    for (mb, program) in [("64 (default)", Path::new(bin)), ("0", wrapper.as_path())] {
-        let out = Command::new("bash")
-            .arg(&kit)
-            .arg(program)
-            .output()
-            .expect("cannot run check.sh");
+    let v3 = kit.with_file_name("cases-v3");
+    assert!(v3.is_dir(), "{} is missing", v3.display());
+    let sets = [("cases", None), ("cases-v3", Some(v3.as_path()))];
+    for ((mb, program), (set, cases)) in
+        [("64 (default)", Path::new(bin)), ("0", wrapper.as_path())]
+            .into_iter()
+            .flat_map(|p| sets.iter().map(move |s| (p, *s)))
+    {
+        let mut cmd = Command::new("bash");
+        cmd.arg(&kit).arg(program);
+        if let Some(dir) = cases {
+            cmd.env("CHECK_CASES", dir);
+        }
+        let out = cmd.output().expect("cannot run check.sh");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        println!("state.cache_mb {mb}:\n{stdout}");
+        println!("{set}, state.cache_mb {mb}:\n{stdout}");
         assert!(
             out.status.success(),
-            "conformance kit failed with state.cache_mb {mb} (exit {:?}):\n{stdout}\n{}",
+            "conformance kit ({set}) failed with state.cache_mb {mb} (exit {:?}):\n{stdout}\n{}",
             out.status.code(),
             String::from_utf8_lossy(&out.stderr)
         );

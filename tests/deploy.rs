@@ -1,10 +1,11 @@
 //! The deployment files (deploy/): scripts/validate-deploy.sh passes, and
-//! every metric the alert rules and the dashboard use is one jurystream
-//! exports (src/telemetry/mod.rs), every alert has a unit test and a runbook.
+//! every metric the alert rules (directly or through the recording rules
+//! they read) and the dashboard use is one jurystream exports
+//! (src/telemetry/mod.rs), every alert has a unit test and a runbook.
 
 mod common;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -83,13 +84,34 @@ fn base_metric(token: &str, exported: &BTreeSet<String>) -> Option<String> {
 
 /// One rule of alerts.yml: (alert name, expr, the rule's text).
 fn alert_rules() -> Vec<(String, String, String)> {
+    let rules = rules_of("- alert:");
+    assert!(!rules.is_empty(), "no alert rules parsed");
+    rules
+}
+
+/// The recording rules of alerts.yml: record name → expr.
+fn recording_rules() -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (name, expr, _) in rules_of("- record:") {
+        assert!(
+            out.insert(name.clone(), expr).is_none(),
+            "recording rule {name} defined twice"
+        );
+    }
+    assert!(!out.is_empty(), "no recording rules parsed");
+    out
+}
+
+/// The rules of alerts.yml that start with `key` ("- alert:" or
+/// "- record:"): (name, expr, the rule's text).
+fn rules_of(key: &str) -> Vec<(String, String, String)> {
     let text = read("deploy/prometheus/alerts.yml");
     let lines: Vec<&str> = text.lines().collect();
     let mut rules = Vec::new();
     let mut i = 0;
     while i < lines.len() {
         let l = lines[i].trim_start();
-        if let Some(name) = l.strip_prefix("- alert:") {
+        if let Some(name) = l.strip_prefix(key) {
             let indent = lines[i].len() - l.len();
             let mut j = i + 1;
             while j < lines.len() {
@@ -107,8 +129,56 @@ fn alert_rules() -> Vec<(String, String, String)> {
             i += 1;
         }
     }
-    assert!(!rules.is_empty(), "no alert rules parsed");
     rules
+}
+
+/// `jurystream:...` recording-rule names an expression reads.
+fn recorded_names(expr: &str) -> Vec<String> {
+    let b = expr.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(pos) = expr[i..].find("jurystream:") {
+        let start = i + pos;
+        let boundary = start == 0 || {
+            let c = b[start - 1];
+            !(c.is_ascii_alphanumeric() || c == b'_' || c == b':')
+        };
+        let mut end = start + "jurystream:".len();
+        while end < b.len()
+            && (b[end].is_ascii_lowercase()
+                || b[end].is_ascii_digit()
+                || b[end] == b'_'
+                || b[end] == b':')
+        {
+            end += 1;
+        }
+        if boundary {
+            out.push(expr[start..end].to_owned());
+        }
+        i = end;
+    }
+    out
+}
+
+/// `expr` followed by the exprs of the recording rules it reads, and of
+/// those they read, so that `metric_tokens` sees the metrics behind them.
+/// Every recording rule it reads must be one of alerts.yml.
+fn expand(what: &str, expr: &str, records: &BTreeMap<String, String>) -> String {
+    let mut out = expr.to_owned();
+    let mut seen = BTreeSet::new();
+    let mut todo = recorded_names(expr);
+    while let Some(name) = todo.pop() {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let body = records.get(&name).unwrap_or_else(|| {
+            panic!("{what} reads {name}, which is no recording rule of alerts.yml")
+        });
+        out.push('\n');
+        out.push_str(body);
+        todo.extend(recorded_names(body));
+    }
+    out
 }
 
 /// The `expr:` of one rule: inline, or a `|` block (more indented lines).
@@ -218,9 +288,23 @@ fn resolve(
 #[test]
 fn alert_and_dashboard_metrics_exist_in_telemetry() {
     let exported = exported_metrics();
+    let records = recording_rules();
+    // An alert's expr with the recording rules it reads.
     let alerts: Vec<(String, String)> = alert_rules()
         .into_iter()
-        .map(|(name, expr, _)| (format!("alert {name}"), expr))
+        .map(|(name, expr, _)| {
+            let what = format!("alert {name}");
+            let expr = expand(&what, &expr, &records);
+            (what, expr)
+        })
+        .collect();
+    let recorded: Vec<(String, String)> = records
+        .iter()
+        .map(|(name, expr)| {
+            let what = format!("recording rule {name}");
+            let expr = expand(&what, expr, &records);
+            (what, expr)
+        })
         .collect();
     let panels = dashboard_exprs();
     for (what, expr) in alerts.iter().chain(&panels) {
@@ -230,8 +314,13 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
         );
     }
     let (alert_used, unknown_a) = resolve(&alerts, &exported);
+    let (_, unknown_r) = resolve(&recorded, &exported);
     let (dash_used, unknown_d) = resolve(&panels, &exported);
-    let unknown: Vec<_> = unknown_a.into_iter().chain(unknown_d).collect();
+    let unknown: Vec<_> = unknown_a
+        .into_iter()
+        .chain(unknown_r)
+        .chain(unknown_d)
+        .collect();
     assert!(
         unknown.is_empty(),
         "metrics not exported by src/telemetry/mod.rs: {unknown:#?}"
@@ -253,7 +342,8 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
         "jurystream_votes_rejected_total",
         "jurystream_consumer_lag_messages",
         "jurystream_commit_duration_seconds",
-        "jurystream_model_score_sum",
+        "jurystream_model_scores",
+        "jurystream_model_score_squares",
         "jurystream_model_series",
     ] {
         assert!(alert_used.contains(m), "no alert uses {m}");
@@ -279,6 +369,30 @@ fn metric_token_parsing() {
         Some("jurystream_score")
     );
     assert_eq!(base_metric("jurystream_scores_total", &exported), None);
+    assert_eq!(
+        recorded_names(
+            "(jurystream:model_score_mean offset 1h - jurystream:model_score_mean) \
+             > jurystream:model_score_drop_noise:1h and x_jurystream:nope + jurystream_score"
+        ),
+        vec![
+            "jurystream:model_score_mean".to_owned(),
+            "jurystream:model_score_mean".to_owned(),
+            "jurystream:model_score_drop_noise:1h".to_owned(),
+        ]
+    );
+    let mut records = BTreeMap::new();
+    records.insert("jurystream:a".to_owned(), "sum(jurystream_x)".to_owned());
+    records.insert(
+        "jurystream:b:1h".to_owned(),
+        "jurystream:a offset 1h / jurystream:a".to_owned(),
+    );
+    let e = expand("t", "jurystream:b:1h > 1", &records);
+    assert_eq!(metric_tokens(&e), vec!["jurystream_x".to_owned()]);
+    let undefined = std::panic::catch_unwind(|| expand("t", "jurystream:c > 1", &records));
+    assert!(
+        undefined.is_err(),
+        "an undefined recording rule is an error"
+    );
 }
 
 /// GitHub's heading anchor: lower case, punctuation dropped, spaces to '-'.
@@ -474,8 +588,10 @@ fn k8s_api_peers_list_one_url_per_statefulset_replica() {
     }
 }
 
-/// The leaderboard panels and the score-drop alert use the two gauges of
-/// SPEC §8 (v2); the alert's threshold is the one recording rule.
+/// The leaderboard panels and the score-drop alert use the three gauges of
+/// SPEC §8 and §13 (v3): the mean, and how sure it is (the sample sd of
+/// the series' scores, the 95 % interval of the mean). The alert's
+/// threshold and z are one recording rule each.
 #[test]
 fn leaderboard_panels_and_score_drop_alert() {
     let d: serde_json::Value =
@@ -489,15 +605,39 @@ fn leaderboard_panels_and_score_drop_alert() {
             .unwrap_or_else(|| panic!("dashboard: no panel {title:?}"))
             .clone()
     };
-    let exprs = |p: &serde_json::Value| -> String {
+    let target = |p: &serde_json::Value, refid: &str| -> String {
         p["targets"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|t| t["expr"].as_str().unwrap().to_owned())
-            .collect::<Vec<_>>()
-            .join("\n")
+            .find(|t| t["refId"] == refid)
+            .unwrap_or_else(|| panic!("panel {}: no target {refid}", p["title"]))["expr"]
+            .as_str()
+            .unwrap()
+            .to_owned()
     };
+    let uses = |what: &str, e: &str, needles: &[&str]| {
+        for n in needles {
+            assert!(e.contains(n), "{what}: does not use {n}: {e}");
+        }
+        assert!(
+            e.contains("by (model_id, voter_prompt_id)"),
+            "{what}: per model and rubric: {e}"
+        );
+    };
+    const MEAN: &[&str] = &["jurystream_model_scores", "jurystream_model_series"];
+    // sd = sqrt((Σ squares − (Σ scores)²/n) / (n − 1)), variance clamped
+    // at 0, only for n ≥ 2; the interval is mean ± z·sd/√n with SPEC §13's z.
+    const SD: &[&str] = &[
+        "jurystream_model_score_squares",
+        "jurystream_model_scores",
+        "jurystream_model_series",
+        "clamp_min(",
+        ">= 2)",
+        "- 1)",
+    ];
+    const Z: &str = "1.959963984540054";
+
     let table = panel("Model leaderboard");
     assert_eq!(table["type"], "table");
     for t in table["targets"].as_array().unwrap() {
@@ -507,41 +647,124 @@ fn leaderboard_panels_and_score_drop_alert() {
         );
         assert_eq!(t["format"], "table");
     }
-    let over_time = panel("Mean score by model over time");
-    assert_eq!(over_time["type"], "timeseries");
-    for p in [&table, &over_time] {
-        let e = exprs(p);
-        for m in ["jurystream_model_score_sum", "jurystream_model_series"] {
-            assert!(e.contains(m), "panel {}: does not use {m}: {e}", p["title"]);
-        }
+    // A and B are the mean and the series (tests/prometheus_scrape.rs
+    // compares them with the scores topic); C, D, E the sd and the
+    // interval's low and high, each a column of its own.
+    uses("Model leaderboard [A]", &target(&table, "A"), MEAN);
+    uses(
+        "Model leaderboard [B]",
+        &target(&table, "B"),
+        &["jurystream_model_series"],
+    );
+    uses("Model leaderboard [C]", &target(&table, "C"), SD);
+    for refid in ["D", "E"] {
+        let e = target(&table, refid);
+        uses(&format!("Model leaderboard [{refid}]"), &e, SD);
+        assert!(e.contains(Z), "Model leaderboard [{refid}]: z {Z}: {e}");
+    }
+    assert!(target(&table, "D").contains(&format!(" - {Z} *")));
+    assert!(target(&table, "E").contains(&format!(" + {Z} *")));
+    let renamed = table["transformations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == "organize")
+        .expect("Model leaderboard: organize transformation")["options"]["renameByName"]
+        .clone();
+    for refid in ["A", "B", "C", "D", "E"] {
+        let column = renamed[format!("Value #{refid}")].as_str().unwrap_or("");
         assert!(
-            e.contains("by (model_id, voter_prompt_id)"),
-            "panel {}: per model and rubric: {e}",
-            p["title"]
+            !column.is_empty(),
+            "Model leaderboard: Value #{refid} has no column name"
         );
     }
 
-    let rules = read("deploy/prometheus/alerts.yml");
-    assert_eq!(
-        rules
-            .matches("- record: jurystream:model_score_drop_threshold\n")
-            .count(),
-        1,
-        "alerts.yml: one recording rule jurystream:model_score_drop_threshold"
+    let over_time = panel("Mean score by model over time");
+    assert_eq!(over_time["type"], "timeseries");
+    uses(
+        "Mean score by model over time [A]",
+        &target(&over_time, "A"),
+        MEAN,
     );
+    for refid in ["B", "C"] {
+        let e = target(&over_time, refid);
+        uses(&format!("Mean score by model over time [{refid}]"), &e, SD);
+        assert!(
+            e.contains(Z),
+            "Mean score by model over time [{refid}]: {e}"
+        );
+    }
+
+    // The name SPEC §8 v2 gave the sum of the scores is gone (renamed
+    // jurystream_model_scores in v3): no deploy file may still read it.
+    let mut files = vec![root().join("deploy")];
+    while let Some(f) = files.pop() {
+        if f.is_dir() {
+            files.extend(std::fs::read_dir(&f).unwrap().map(|e| e.unwrap().path()));
+        } else if let Ok(text) = std::fs::read_to_string(&f) {
+            assert!(
+                !text.contains("jurystream_model_score_sum"),
+                "{} still names jurystream_model_score_sum (v3: jurystream_model_scores)",
+                f.display()
+            );
+        }
+    }
+
+    let rules = read("deploy/prometheus/alerts.yml");
+    let records = recording_rules();
+    for name in [
+        "jurystream:model_score_drop_threshold",
+        "jurystream:model_score_drop_z",
+    ] {
+        assert_eq!(
+            rules.matches(&format!("- record: {name}\n")).count(),
+            1,
+            "alerts.yml: one recording rule {name}"
+        );
+        // a single sample without labels: the rules read it with scalar()
+        let number = records[name]
+            .strip_prefix("vector(")
+            .and_then(|v| v.strip_suffix(')'))
+            .and_then(|v| v.parse::<f64>().ok());
+        assert!(
+            number.is_some_and(|v| v > 0.0),
+            "{name}: expr must be vector(<positive number>), got {}",
+            records[name]
+        );
+    }
     let (_, expr, _) = alert_rules()
         .into_iter()
         .find(|(n, _, _)| n == "JurystreamModelScoreDropped")
         .expect("alert JurystreamModelScoreDropped");
     for needle in [
-        "jurystream:model_score_drop_threshold",
-        "offset 1h",
-        "jurystream_model_score_sum",
-        "jurystream_model_series",
+        "scalar(jurystream:model_score_drop_threshold)",
+        "jurystream:model_score_drop_noise:1h",
+        "jurystream:model_score_mean offset 1h",
+        "jurystream:model_series offset 1h",
     ] {
         assert!(
             expr.contains(needle),
             "JurystreamModelScoreDropped: no {needle}: {expr}"
         );
+    }
+    // The noise bound z·sqrt(sd²/n + sd_1h²/n_1h), and the sd behind it.
+    let noise = &records["jurystream:model_score_drop_noise:1h"];
+    for needle in [
+        "scalar(jurystream:model_score_drop_z)",
+        "jurystream:model_score_sd offset 1h",
+        "jurystream:model_series offset 1h",
+    ] {
+        assert!(
+            noise.contains(needle),
+            "jurystream:model_score_drop_noise:1h: no {needle}: {noise}"
+        );
+    }
+    let behind = expand("JurystreamModelScoreDropped", &expr, &records);
+    for needle in SD {
+        assert!(
+            records["jurystream:model_score_sd"].contains(needle),
+            "jurystream:model_score_sd: no {needle}"
+        );
+        assert!(behind.contains(needle));
     }
 }

@@ -4,7 +4,8 @@
 //! returns data, every rule loads and evaluates, `promtool check metrics`
 //! accepts the exposition, and the metric values equal what the output
 //! topics hold (the counters, and the leaderboard gauges
-//! `jurystream_model_series` / `jurystream_model_score_sum` against the final
+//! `jurystream_model_series` / `jurystream_model_scores` /
+//! `jurystream_model_score_squares` against the final
 //! scores of the scores topic, also through the dashboard's leaderboard
 //! table).
 //!
@@ -333,7 +334,7 @@ fn parse_labels(labels: &str) -> BTreeMap<String, String> {
 /// scores, from the committed score_updated events (a series' current score
 /// is that of its highest update_seq). generate_votes gives every vote of an
 /// inference the same model_id, so a series never changes pair.
-fn expected_model_gauges(scores: &[Value]) -> BTreeMap<(String, String), (u64, f64)> {
+fn expected_model_gauges(scores: &[Value]) -> BTreeMap<(String, String), (u64, f64, f64)> {
     let mut latest: BTreeMap<(String, String), (u64, f64, String)> = BTreeMap::new();
     for e in scores {
         let series = (
@@ -348,24 +349,29 @@ fn expected_model_gauges(scores: &[Value]) -> BTreeMap<(String, String), (u64, f
             *slot = (seq, score, model);
         }
     }
-    let mut pairs: BTreeMap<(String, String), (u64, f64)> = BTreeMap::new();
+    let mut pairs: BTreeMap<(String, String), (u64, f64, f64)> = BTreeMap::new();
     for ((_, rubric), (_, score, model)) in latest {
-        let p = pairs.entry((model, rubric)).or_insert((0, 0.0));
+        let p = pairs.entry((model, rubric)).or_insert((0, 0.0, 0.0));
         p.0 += 1;
         p.1 += score;
+        p.2 += score * score;
     }
     pairs
 }
 
-/// What is wrong with jurystream_model_series / jurystream_model_score_sum
-/// in the exposition `text`, against `want` (one instance holds every
+/// What is wrong with the leaderboard gauges (series, scores, squares) in
+/// the exposition `text`, against `want` (one instance holds every
 /// partition, so its gauges are the whole leaderboard).
 fn model_gauge_mismatches(
     text: &str,
-    want: &BTreeMap<(String, String), (u64, f64)>,
+    want: &BTreeMap<(String, String), (u64, f64, f64)>,
 ) -> Vec<String> {
     let mut wrong = Vec::new();
-    for name in ["jurystream_model_series", "jurystream_model_score_sum"] {
+    for name in [
+        "jurystream_model_series",
+        "jurystream_model_scores",
+        "jurystream_model_score_squares",
+    ] {
         if !text.contains(&format!("# TYPE {name} gauge\n")) {
             wrong.push(format!("no `# TYPE {name} gauge` in the exposition"));
         }
@@ -386,12 +392,13 @@ fn model_gauge_mismatches(
         m
     };
     let series = read("jurystream_model_series", &mut wrong);
-    let sums = read("jurystream_model_score_sum", &mut wrong);
-    for ((model, rubric), (n, sum)) in want {
+    let sums = read("jurystream_model_scores", &mut wrong);
+    let squares = read("jurystream_model_score_squares", &mut wrong);
+    for ((model, rubric), (n, sum, sq)) in want {
         let key = (model.clone(), rubric.clone());
         let what = format!("model_id={model} voter_prompt_id={rubric}");
-        match (series.get(&key), sums.get(&key)) {
-            (Some(&got_n), Some(&got_sum)) => {
+        match (series.get(&key), sums.get(&key), squares.get(&key)) {
+            (Some(&got_n), Some(&got_sum), Some(&got_sq)) => {
                 if !(got_n >= 1.0 && (0.0..=got_n).contains(&got_sum)) {
                     wrong.push(format!(
                         "{what}: series {got_n}, score_sum {got_sum}: want series >= 1 and 0 <= score_sum <= series"
@@ -404,12 +411,17 @@ fn model_gauge_mismatches(
                 }
                 if (got_sum - sum).abs() > 1e-6 {
                     wrong.push(format!(
-                        "{what}: jurystream_model_score_sum {got_sum}, but the current scores in the scores topic sum to {sum}"
+                        "{what}: jurystream_model_scores {got_sum}, but the current scores in the scores topic sum to {sum}"
+                    ));
+                }
+                if (got_sq - sq).abs() > 1e-6 {
+                    wrong.push(format!(
+                        "{what}: jurystream_model_score_squares {got_sq}, but the squared current scores sum to {sq}"
                     ));
                 }
             }
-            (n_got, sum_got) => wrong.push(format!(
-                "{what} has scored series but jurystream_model_series {n_got:?}, jurystream_model_score_sum {sum_got:?}"
+            (n_got, sum_got, sq_got) => wrong.push(format!(
+                "{what} has scored series but jurystream_model_series {n_got:?}, jurystream_model_scores {sum_got:?}, jurystream_model_score_squares {sq_got:?}"
             )),
         }
     }
@@ -473,28 +485,20 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
         .write_all(text.as_bytes())
         .unwrap();
     let lint = lint.wait_with_output().unwrap();
-    // SPEC §8 names the gauge `jurystream_model_score_sum` (a sum of
-    // scores, read over `jurystream_model_series`); promtool's naming lint
-    // reserves `_sum` for histograms and summaries. That one finding is
-    // expected; any other fails the test.
+    // No finding at all (SPEC §8 v3 renamed the one gauge whose `_sum`
+    // suffix promtool reserves for histograms and summaries).
     let findings = format!(
         "{}{}",
         String::from_utf8_lossy(&lint.stdout),
         String::from_utf8_lossy(&lint.stderr)
     );
-    let unexpected: Vec<&str> = findings
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter(|l| {
-            !(l.starts_with("jurystream_model_score_sum ") && l.contains("\"_sum\" suffix"))
-        })
-        .collect();
     assert!(
-        unexpected.is_empty() && (lint.status.success() || !findings.is_empty()),
+        lint.status.success() && findings.trim().is_empty(),
         "promtool check metrics:\n{findings}"
     );
     assert!(
-        text.contains("# TYPE jurystream_model_score_sum gauge"),
+        text.contains("# TYPE jurystream_model_scores gauge")
+            && !text.contains("jurystream_model_score_sum"),
         "{text}"
     );
     let direct = |expr: &str| -> Option<f64> {
@@ -531,7 +535,7 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
         "the stream scores several models and rubrics: {leaderboard:?}"
     );
     eventually(
-        "jurystream_model_series and jurystream_model_score_sum in /metrics",
+        "the leaderboard gauges in /metrics",
         Duration::from_secs(30),
         || model_gauge_mismatches(&scrape(metrics_port), &leaderboard),
     );
@@ -658,7 +662,7 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
                     leaderboard.len()
                 ));
             }
-            for (pair, (n, sum)) in &leaderboard {
+            for (pair, (n, sum, _)) in &leaderboard {
                 let mean = sum / *n as f64;
                 match (means.get(pair), counts.get(pair)) {
                     (Some(m), Some(c)) if (m - mean).abs() <= 1e-6 && *c == *n as f64 => {}

@@ -3,7 +3,8 @@
 //! abstentions, some vote ids, random configurations):
 //!
 //! - every score (and previous score, aggregate, mean, alpha) is in [0, 1],
-//!   every variance in [0, 0.25];
+//!   every variance in [0, 0.25]; every score interval (SPEC §13) is in
+//!   [0, 1] and holds its score, with at most one effective vote per vote;
 //! - reordering the votes of one open window (no voter twice in a series,
 //!   distinct timestamps) changes no event;
 //! - redelivering any accepted vote, any number of times, changes nothing;
@@ -240,6 +241,18 @@ proptest! {
                 prop_assert!(u.delta_t_seconds >= 0.0);
                 prop_assert!(!u.votes.is_empty());
                 prop_assert!(u.votes.len() as u32 <= cfg.max_votes);
+                // SPEC §13: at most one effective vote per counted vote
+                // (Cauchy–Schwarz), and an interval inside [0, 1] that
+                // holds the score.
+                match (u.effective_votes, u.score_interval) {
+                    (Some(n), Some((low, high))) => {
+                        prop_assert!(n > 0.0 && n <= u.series_votes as f64 * (1.0 + 1e-9), "effective {n} of {} votes", u.series_votes);
+                        prop_assert!(low >= -1e-12 && high <= 1.0 + 1e-12 && low <= high, "{low} {high}");
+                        prop_assert!(low - 1e-9 <= u.score && u.score <= high + 1e-9, "{low} {} {high}", u.score);
+                    }
+                    (None, None) => prop_assert!(u.alpha == 1.0 || u.score == u.previous_score, "{u:?}"),
+                    other => prop_assert!(false, "one of effective_votes and score_interval: {other:?}"),
+                }
             }
         }
     }

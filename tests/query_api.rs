@@ -113,7 +113,7 @@ fn replay_state(config: &Path, input: &Path, dir: &Path) -> BTreeMap<String, Vec
     }
     ids.into_iter()
         .map(|id| {
-            let doc = jurystream::inspect::inspect(dir, &id).unwrap();
+            let doc = jurystream::inspect::inspect(dir, &id, 0.5).unwrap();
             (id, doc["series"].as_array().unwrap().clone())
         })
         .collect()
@@ -163,6 +163,8 @@ fn expected_inference(
                 "pending_votes": 0,
                 "voters": vs,
                 "voters_truncated": false,
+                "effective_votes": s["effective_votes"],
+                "score_interval": s["score_interval"],
             })
         })
         .collect();
@@ -175,10 +177,11 @@ fn expected_inference(
     json!({ "inference_id": id, "series": rows })
 }
 
-/// The leaderboard computed from the replay's final series (SPEC §9).
+/// The leaderboard computed from the replay's final series (SPEC §9, §13:
+/// `score_sd` by the two-pass formula, its interval of the mean).
 fn expected_board(state: &BTreeMap<String, Vec<Value>>) -> Vec<Value> {
-    /// (series, score sum, ambiguous series, votes)
-    type Row = (u64, f64, u64, u64);
+    /// (series, score sum, ambiguous series, votes, scores)
+    type Row = (u64, f64, u64, u64, Vec<f64>);
     let mut acc: BTreeMap<(String, Option<String>), Row> = BTreeMap::new();
     for s in state.values().flatten() {
         if s["update_seq"].as_u64().unwrap() == 0 {
@@ -193,17 +196,29 @@ fn expected_board(state: &BTreeMap<String, Vec<Value>>) -> Vec<Value> {
         e.1 += s["score"].as_f64().unwrap();
         e.2 += u64::from(s["ambiguous"].as_bool().unwrap());
         e.3 += s["votes"].as_u64().unwrap();
+        e.4.push(s["score"].as_f64().unwrap());
     }
     let mut rows: Vec<Value> = acc
         .into_iter()
-        .map(|((rubric, model), (n, sum, amb, votes))| {
+        .map(|((rubric, model), (n, sum, amb, votes, scores))| {
+            let mean = sum / n as f64;
+            let sd = (n >= 2).then(|| {
+                let ss: f64 = scores.iter().map(|s| (s - mean) * (s - mean)).sum();
+                (ss / (n - 1) as f64).sqrt()
+            });
+            let interval = sd.map(|sd| {
+                let half = 1.959963984540054 * sd / (n as f64).sqrt();
+                json!([mean - half, mean + half])
+            });
             json!({
                 "model_id": model,
                 "voter_prompt_id": rubric,
                 "series": n,
-                "mean_score": sum / n as f64,
+                "mean_score": mean,
                 "ambiguous_series": amb,
                 "votes": votes,
+                "score_sd": sd,
+                "mean_score_interval": interval,
             })
         })
         .collect();
@@ -217,11 +232,21 @@ fn expected_board(state: &BTreeMap<String, Vec<Value>>) -> Vec<Value> {
     rows
 }
 
-/// Whether a served leaderboard equals the expected one (means within
-/// 1e-9: the service sums in fixed point, the test in f64).
+/// Whether a served leaderboard equals the expected one (means, sds and
+/// intervals within 1e-9: the service sums in fixed point, the test in f64).
 fn same_board(have: &Value, want: &[Value]) -> bool {
     let Some(rows) = have["rows"].as_array() else {
         return false;
+    };
+    let near = |h: &Value, w: &Value| match (h.as_f64(), w.as_f64()) {
+        (Some(h), Some(w)) => (h - w).abs() < 1e-9,
+        _ => h.is_null() && w.is_null(),
+    };
+    let near_pair = |h: &Value, w: &Value| {
+        (h.is_null() && w.is_null())
+            || (h.as_array().is_some_and(|a| a.len() == 2)
+                && near(&h[0], &w[0])
+                && near(&h[1], &w[1]))
     };
     rows.len() == want.len()
         && rows.iter().zip(want).all(|(h, w)| {
@@ -234,8 +259,9 @@ fn same_board(have: &Value, want: &[Value]) -> bool {
             ]
             .iter()
             .all(|k| h[*k] == w[*k])
-                && (h["mean_score"].as_f64().unwrap() - w["mean_score"].as_f64().unwrap()).abs()
-                    < 1e-9
+                && near(&h["mean_score"], &w["mean_score"])
+                && near(&h["score_sd"], &w["score_sd"])
+                && near_pair(&h["mean_score_interval"], &w["mean_score_interval"])
         })
 }
 
@@ -266,6 +292,9 @@ fn two_instances_answer_what_a_replay_leaves() {
     assert!(board
         .iter()
         .any(|r| r["ambiguous_series"].as_u64().unwrap() > 0));
+    assert!(board
+        .iter()
+        .all(|r| r["score_sd"].as_f64().is_some_and(|sd| sd > 0.0)));
 
     setup.produce(&input);
     let (pa, pb) = (free_port(), free_port());
@@ -358,10 +387,14 @@ fn two_instances_answer_what_a_replay_leaves() {
     let (code, _, _) = get(pb, "/v1/voters/nobody-at-all", Some(TOKEN)).unwrap();
     assert_eq!(code, 404);
     // The counters of both instances, summed by PromQL, give the same α
-    // (partitions moved between the instances as the second joined).
+    // (partitions moved between the instances as the second joined), and
+    // their leaderboard gauges the same score_sd (SPEC §13).
     if let Some(prom) = &prom {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while let Some(wrong) = prom.agreement_mismatch(&offline) {
+        while let Some(wrong) = prom
+            .agreement_mismatch(&offline)
+            .or_else(|| prom.score_sd_mismatch(&board))
+        {
             assert!(Instant::now() < deadline, "{wrong}\n{}", prom.log());
             std::thread::sleep(Duration::from_millis(500));
         }

@@ -30,7 +30,6 @@ pub const MAX_VOTERS: usize = 1000;
 /// An input partition: topic and number.
 pub type Tp = (String, i32);
 
-#[derive(Default)]
 struct Inner {
     /// Input topic → partition count (from the broker, at session start).
     topics: BTreeMap<String, i32>,
@@ -39,9 +38,23 @@ struct Inner {
 }
 
 /// The partitions this instance holds. Cheap to share (`Arc`).
-#[derive(Default)]
 pub struct Holdings {
     inner: RwLock<Inner>,
+    /// `scoring.initial_score`: the part of a score its interval does not
+    /// cover (SPEC §13).
+    initial_score: f64,
+}
+
+impl Holdings {
+    pub fn new(initial_score: f64) -> Holdings {
+        Holdings {
+            inner: RwLock::new(Inner {
+                topics: BTreeMap::new(),
+                held: BTreeMap::new(),
+            }),
+            initial_score,
+        }
+    }
 }
 
 /// One partition in an instance's answer.
@@ -76,6 +89,9 @@ pub struct SeriesOut {
     pub pending_votes: u64,
     pub voters: Vec<String>,
     pub voters_truncated: bool,
+    /// SPEC §13 (null before the first update).
+    pub effective_votes: Option<f64>,
+    pub score_interval: Option<(f64, f64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,6 +110,10 @@ pub struct BoardRowOut {
     pub score_sum_fixed: String,
     pub ambiguous_series: u64,
     pub votes: u64,
+    /// Absent from an instance of an older version (then the merged row
+    /// has no `score_sd`).
+    #[serde(default)]
+    pub score_squares_fixed: Option<String>,
 }
 
 /// One leaderboard row (SPEC §9).
@@ -105,6 +125,10 @@ pub struct LeaderRow {
     pub mean_score: f64,
     pub ambiguous_series: u64,
     pub votes: u64,
+    /// SPEC §13: the sample sd of the row's scores and the 95 % interval
+    /// of `mean_score` (null below two series).
+    pub score_sd: Option<f64>,
+    pub mean_score_interval: Option<(f64, f64)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -256,7 +280,7 @@ impl Holdings {
 
     /// This instance's series of `inference_id`, per held partition.
     pub fn inference(&self, inference_id: &str) -> Result<LocalAnswer<SeriesOut>, StoreError> {
-        self.answer(|store| series_of(store, inference_id))
+        self.answer(|store| series_of(store, inference_id, self.initial_score))
     }
 
     /// This instance's leaderboard rows, per held partition.
@@ -272,6 +296,7 @@ impl Holdings {
                     score_sum_fixed: r.score_sum.to_string(),
                     ambiguous_series: r.ambiguous,
                     votes: r.votes,
+                    score_squares_fixed: Some(r.score_squares.to_string()),
                 })
                 .collect())
         })
@@ -322,7 +347,11 @@ fn reviewer_out(voter_id: String, voter_prompt_id: String, s: &ReviewerStats) ->
     }
 }
 
-fn series_of(store: &Store, inference_id: &str) -> Result<Vec<SeriesOut>, StoreError> {
+fn series_of(
+    store: &Store,
+    inference_id: &str,
+    initial_score: f64,
+) -> Result<Vec<SeriesOut>, StoreError> {
     let series = store.series_of(inference_id)?;
     if series.is_empty() {
         return Ok(Vec::new());
@@ -344,6 +373,8 @@ fn series_of(store: &Store, inference_id: &str) -> Result<Vec<SeriesOut>, StoreE
             pending_votes: s.pending,
             voters,
             voters_truncated,
+            effective_votes: s.evidence.effective_votes(),
+            score_interval: s.evidence.interval(s.score, initial_score),
         });
     }
     Ok(out)
@@ -409,7 +440,8 @@ pub fn merge_board(
     answers: Vec<LocalAnswer<BoardRowOut>>,
     voter_prompt_id: Option<&str>,
 ) -> Result<LeaderboardOut, Unavailable> {
-    let mut rows: BTreeMap<BoardKey, BoardRow> = BTreeMap::new();
+    // A row and whether every part of it knew its squares.
+    let mut rows: BTreeMap<BoardKey, (BoardRow, bool)> = BTreeMap::new();
     for r in covering(answers)?.into_iter().flatten() {
         if voter_prompt_id.is_some_and(|v| v != r.voter_prompt_id) {
             continue;
@@ -417,27 +449,33 @@ pub fn merge_board(
         let Ok(score_sum) = r.score_sum_fixed.parse::<i128>() else {
             continue;
         };
+        let squares = r.score_squares_fixed.and_then(|s| s.parse::<i128>().ok());
         let key = BoardKey {
             model_id: r.model_id.as_deref().map(crate::input::Id::from),
             voter_prompt_id: r.voter_prompt_id.as_str().into(),
         };
-        rows.entry(key).or_default().add(&BoardRow {
+        let (row, known) = rows.entry(key).or_insert((BoardRow::default(), true));
+        *known &= squares.is_some();
+        row.add(&BoardRow {
             series: r.series,
             score_sum,
             ambiguous: r.ambiguous_series,
             votes: r.votes,
+            score_squares: squares.unwrap_or_default(),
         });
     }
     let mut out: Vec<LeaderRow> = rows
         .into_iter()
-        .filter(|(_, r)| r.series > 0)
-        .map(|(k, r)| LeaderRow {
+        .filter(|(_, (r, _))| r.series > 0)
+        .map(|(k, (r, known))| LeaderRow {
             model_id: k.model_id.as_deref().map(str::to_owned),
             voter_prompt_id: k.voter_prompt_id.to_string(),
             series: r.series,
             mean_score: r.mean_score(),
             ambiguous_series: r.ambiguous,
             votes: r.votes,
+            score_sd: r.score_sd().filter(|_| known),
+            mean_score_interval: r.mean_score_interval().filter(|_| known),
         })
         .collect();
     out.sort_by(|a, b| {

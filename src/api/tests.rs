@@ -29,6 +29,8 @@ fn series(vp: &str) -> SeriesOut {
         pending_votes: 0,
         voters: vec![],
         voters_truncated: false,
+        effective_votes: Some(1.0),
+        score_interval: Some((0.1, 0.9)),
     }
 }
 
@@ -70,6 +72,7 @@ fn the_leaderboard_sums_exactly_across_partitions_and_sorts() {
         score_sum_fixed: crate::engine::board::fixed(sum).to_string(),
         ambiguous_series: amb,
         votes: n * 2,
+        score_squares_fixed: Some(crate::engine::board::fixed_square(sum).to_string()),
     };
     let a = answer(
         2,
@@ -126,6 +129,48 @@ fn the_leaderboard_sums_exactly_across_partitions_and_sorts() {
     let only_a = merge_board(vec![a], Some("a")).unwrap();
     assert_eq!(only_a.rows.len(), 1);
     assert_eq!(only_a.rows[0].votes, 2);
+}
+
+/// SPEC §13: a row's squares add across partitions like its sum; a part
+/// from an instance that sends no squares (an older version) makes the
+/// row's sd unknown, not wrong.
+#[test]
+fn the_leaderboard_sd_combines_partitions() {
+    use crate::engine::board::{fixed, fixed_square};
+    let row = |score: f64, squares: bool| BoardRowOut {
+        model_id: Some("m".into()),
+        voter_prompt_id: "r".into(),
+        series: 1,
+        score_sum_fixed: fixed(score).to_string(),
+        ambiguous_series: 0,
+        votes: 1,
+        score_squares_fixed: squares.then(|| fixed_square(score).to_string()),
+    };
+    let board = |second_has_squares: bool| {
+        let a = answer(2, vec![part("votes", 0, true, vec![row(0.2, true)])]);
+        let b = answer(
+            2,
+            vec![part("votes", 1, true, vec![row(0.4, second_has_squares)])],
+        );
+        merge_board(vec![a, b], None).unwrap().rows
+    };
+    let rows = board(true);
+    assert_eq!(rows.len(), 1);
+    let sd = rows[0].score_sd.unwrap();
+    assert!((sd - 0.02f64.sqrt()).abs() < 1e-12, "{sd}");
+    let (low, high) = rows[0].mean_score_interval.unwrap();
+    let half = 1.959963984540054 * 0.02f64.sqrt() / 2f64.sqrt();
+    assert!((low - (0.3 - half)).abs() < 1e-12 && (high - (0.3 + half)).abs() < 1e-12);
+    let json = serde_json::to_value(&rows[0]).unwrap();
+    assert!(json["mean_score_interval"]
+        .as_array()
+        .is_some_and(|a| a.len() == 2));
+    let rows = board(false);
+    assert_eq!(
+        (rows[0].score_sd, rows[0].mean_score_interval),
+        (None, None)
+    );
+    assert_eq!(rows[0].series, 2);
 }
 
 #[test]
@@ -271,10 +316,10 @@ mod served {
             )],
             true,
         );
-        let h0 = Arc::new(Holdings::default());
+        let h0 = Arc::new(Holdings::new(0.5));
         h0.set_topics([("votes".to_owned(), 2)].into());
         h0.set_held([(("votes".to_owned(), 0), Some(s0))].into());
-        let h1 = Arc::new(Holdings::default());
+        let h1 = Arc::new(Holdings::new(0.5));
         h1.set_topics([("votes".to_owned(), 2)].into());
         h1.set_held([(("votes".to_owned(), 1), Some(s1.clone()))].into());
         let a1 = server(h1.clone(), &[]);

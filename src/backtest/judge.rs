@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::engine::score::TimeUnit;
-use crate::engine::{ScoreUpdate, SeriesKey};
+use crate::engine::{Forecast, ScoreUpdate, SeriesKey};
 use crate::time::{format_timestamp, Nanos};
 
 /// p is clamped to [P_CLAMP, 1 − P_CLAMP] in the log loss.
@@ -30,11 +30,16 @@ pub struct Sums {
     pub log_loss: f64,
     /// Σ (m_prev − m)²: the naive forecast "the previous batch's mean vote".
     pub sq_err_last: f64,
+    /// Updates whose previous score had an interval (SPEC §13), and those
+    /// of them whose interval held the batch's mean vote.
+    pub with_interval: u64,
+    pub covered: u64,
 }
 
 impl Sums {
-    /// One update: forecast `p`, batch mean vote `m`, previous batch's `m_prev`.
-    pub fn add(&mut self, p: f64, m: f64, m_prev: f64) {
+    /// One update: forecast `p` with its interval, batch mean vote `m`,
+    /// previous batch's `m_prev`.
+    pub fn add(&mut self, p: f64, interval: Option<(f64, f64)>, m: f64, m_prev: f64) {
         self.n += 1;
         let d = p - m;
         self.sq_err += d * d;
@@ -42,6 +47,10 @@ impl Sums {
         self.log_loss += -(m * pc.ln() + (1.0 - m) * (1.0 - pc).ln());
         let d = m_prev - m;
         self.sq_err_last += d * d;
+        if let Some((low, high)) = interval {
+            self.with_interval += 1;
+            self.covered += u64::from(low <= m && m <= high);
+        }
     }
 
     pub fn metrics(&self) -> Metrics {
@@ -56,6 +65,8 @@ impl Sums {
             mse: Some(mse),
             log_loss: Some(self.log_loss / n),
             skill: (mse_last != 0.0).then(|| 1.0 - mse / mse_last),
+            coverage: (self.with_interval > 0)
+                .then(|| self.covered as f64 / self.with_interval as f64),
         }
     }
 }
@@ -67,6 +78,9 @@ pub struct Metrics {
     pub mse: Option<f64>,
     pub log_loss: Option<f64>,
     pub skill: Option<f64>,
+    /// The share of these updates whose previous score's 95 % interval
+    /// (SPEC §13) held the batch's mean vote (those with an interval).
+    pub coverage: Option<f64>,
 }
 
 /// Flag counts of one window's updates against every grid threshold.
@@ -124,18 +138,13 @@ impl Judge {
 
     /// One score update, in emission order.
     pub fn judge(&mut self, u: &ScoreUpdate) -> Result<(), TooManySteps> {
-        self.judge_as(u, u.previous_score, u.score)
+        self.judge_as(u, &u.forecast())
     }
 
     /// [`Judge::judge`] with the scores of another λ (the engine's
     /// companion scores, [`ScoreUpdate::companions`]): everything else of
     /// an update does not depend on λ.
-    pub fn judge_as(
-        &mut self,
-        u: &ScoreUpdate,
-        previous_score: f64,
-        score: f64,
-    ) -> Result<(), TooManySteps> {
+    pub fn judge_as(&mut self, u: &ScoreUpdate, f: &Forecast) -> Result<(), TooManySteps> {
         let votes = u.votes.len() as u64;
         self.flags.all += 1;
         if votes >= u64::from(self.min_votes) {
@@ -150,15 +159,18 @@ impl Judge {
         self.variances[(bin.max(0.0) as usize).min(VARIANCE_BINS - 1)] += 1;
         if u.update_seq >= 2 {
             if let Some(m_prev) = u.previous_mean_vote {
-                self.sums.add(previous_score, u.mean_vote, m_prev);
+                self.sums
+                    .add(f.previous_score, f.previous_interval, u.mean_vote, m_prev);
                 let step = u.last_vote_at.div_euclid(self.step_ns);
                 if !self.steps.contains_key(&step) && self.steps.len() >= MAX_STEPS {
                     return Err(TooManySteps);
                 }
-                self.steps
-                    .entry(step)
-                    .or_default()
-                    .add(previous_score, u.mean_vote, m_prev);
+                self.steps.entry(step).or_default().add(
+                    f.previous_score,
+                    f.previous_interval,
+                    u.mean_vote,
+                    m_prev,
+                );
             }
         }
         self.offer_top(&u.series, u.series_votes);
@@ -166,7 +178,7 @@ impl Judge {
             self.trajectories
                 .entry(u.series.clone())
                 .or_default()
-                .push((u.last_vote_at, score, u.mean_vote));
+                .push((u.last_vote_at, f.score, u.mean_vote));
         }
         Ok(())
     }
@@ -367,14 +379,14 @@ pub fn table(o: &Outcome, review_budget: f64) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:>4}  {:>12}  {:>9}  {:>10}  {:>9}  {:>10}  {:>10}  {:>10}",
-        "rank", "lambda", "unit", "window_s", "n", "mse", "log_loss", "skill"
+        "{:>4}  {:>12}  {:>9}  {:>10}  {:>9}  {:>10}  {:>10}  {:>10}  {:>10}",
+        "rank", "lambda", "unit", "window_s", "n", "mse", "log_loss", "skill", "coverage"
     );
     for (i, r) in o.grid.iter().enumerate() {
         let m = &r.metrics;
         let _ = writeln!(
             s,
-            "{:>4}  {:>12}  {:>9}  {:>10}  {:>9}  {:>10}  {:>10}  {:>10}",
+            "{:>4}  {:>12}  {:>9}  {:>10}  {:>9}  {:>10}  {:>10}  {:>10}  {:>10}",
             i + 1,
             r.lambda,
             r.time_unit,
@@ -382,7 +394,8 @@ pub fn table(o: &Outcome, review_budget: f64) -> String {
             m.n,
             f(m.mse),
             f(m.log_loss),
-            f(m.skill)
+            f(m.skill),
+            f(m.coverage)
         );
     }
     let _ = writeln!(

@@ -225,7 +225,7 @@ impl Sink for Judging {
         for u in updates.drain(..) {
             for (k, j) in self.judges.iter_mut().enumerate() {
                 let r = match k.checked_sub(1).and_then(|c| u.companions.get(c)) {
-                    Some(&(previous, score)) => j.judge_as(&u, previous, score),
+                    Some(f) => j.judge_as(&u, f),
                     None => j.judge(&u),
                 };
                 if let Err(e) = r {

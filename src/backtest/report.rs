@@ -457,12 +457,12 @@ figcaption {{ font-size: 13px; color: #555; margin-top: 4px; }}
             b.window_seconds
         );
     }
-    html.push_str("<table><tr><th>rank</th><th>λ</th><th>unit</th><th>window s</th><th>n</th><th>mse</th><th>log loss</th><th>skill</th></tr>\n");
+    html.push_str("<table><tr><th>rank</th><th>λ</th><th>unit</th><th>window s</th><th>n</th><th>mse</th><th>log loss</th><th>skill</th><th>coverage</th></tr>\n");
     let f = |x: Option<f64>| x.map_or_else(|| "–".to_owned(), |x| format!("{x:.6}"));
     for (i, r) in results.outcome.grid.iter().enumerate() {
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             i + 1,
             r.lambda,
             r.time_unit,
@@ -470,10 +470,12 @@ figcaption {{ font-size: 13px; color: #555; margin-top: 4px; }}
             r.metrics.n,
             f(r.metrics.mse),
             f(r.metrics.log_loss),
-            f(r.metrics.skill)
+            f(r.metrics.skill),
+            f(r.metrics.coverage)
         );
     }
     html.push_str("</table>\n");
+    html.push_str("<p>Coverage: how often the 95 % interval of a series' score held the mean vote of its next batch (expect less than 95 %: the interval is for the score, a batch's mean vote also has its own votes' spread).</p>\n");
     let captions = [
         "Skill = 1 − mse / mse of predicting each batch with the previous batch's mean vote.",
         "Log loss of the score before each batch against the batch's mean vote.",

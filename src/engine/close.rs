@@ -2,6 +2,7 @@
 //! full batch closes, in what order, and the score update each closed
 //! batch makes of its series.
 
+use super::score::Evidence;
 use super::*;
 
 impl Engine {
@@ -105,26 +106,42 @@ impl Engine {
                 )
             }
         };
+        let prev_evidence = if unscored {
+            Evidence::default()
+        } else {
+            state.evidence
+        };
         let dt_ns = (last - t_prev).max(0);
         let dt_seconds = dt_ns as f64 / NANOS_PER_SEC as f64;
         let alpha = score::decay(params.lambda, dt_seconds, params.time_unit);
         let new_score = score::update(alpha, prev_score, agg);
-        let companions: Vec<(f64, f64)> = cfg
-            .companions
-            .iter()
-            .enumerate()
-            .map(|(k, d)| {
-                let (lambda, unit) = d.params(&key.series.voter_prompt_id);
-                let prev = match state.companion_scores.get(k) {
-                    Some(&s) if !unscored => s,
-                    _ => prev_score,
-                };
-                let a = score::decay(lambda, dt_seconds, unit);
-                (prev, score::update(a, prev, agg))
-            })
-            .collect();
+        let evidence = prev_evidence.update(alpha, m.concentration);
+        let mut companions = Vec::with_capacity(cfg.companions.len());
+        let mut companion_evidence = Vec::with_capacity(cfg.companions.len());
+        for (k, d) in cfg.companions.iter().enumerate() {
+            let (lambda, unit) = d.params(&key.series.voter_prompt_id);
+            let (prev, prev_evidence) = match state.companion_scores.get(k) {
+                Some(&s) if !unscored => (
+                    s,
+                    state
+                        .companion_evidence
+                        .get(k)
+                        .copied()
+                        .unwrap_or(prev_evidence),
+                ),
+                _ => (prev_score, prev_evidence),
+            };
+            let a = score::decay(lambda, dt_seconds, unit);
+            companions.push(Forecast {
+                previous_score: prev,
+                score: score::update(a, prev, agg),
+                previous_interval: prev_evidence.interval(prev, cfg.initial_score),
+            });
+            companion_evidence.push(prev_evidence.update(a, m.concentration));
+        }
         if !companions.is_empty() {
-            state.companion_scores = companions.iter().map(|c| c.1).collect();
+            state.companion_scores = companions.iter().map(|c| c.score).collect();
+            state.companion_evidence = companion_evidence.into();
         }
         let ambiguous = score::is_ambiguous(
             counted.len(),
@@ -136,6 +153,7 @@ impl Engine {
             .query_index
             .then(|| board::placement(&key.series.voter_prompt_id, state));
         state.score = new_score;
+        state.evidence = evidence;
         state.last_vote_at = Some(last);
         state.update_seq += 1;
         state.votes += counted.len() as u64;
@@ -172,6 +190,9 @@ impl Engine {
             aggregate: agg,
             variance: m.variance,
             votes: counted,
+            effective_votes: evidence.effective_votes(),
+            score_interval: evidence.interval(new_score, cfg.initial_score),
+            previous_interval: prev_evidence.interval(prev_score, cfg.initial_score),
             companions,
         });
         if let (Some(from), Some(to)) = (before, after) {

@@ -20,7 +20,7 @@ mod persisted;
 
 pub use persisted::{
     Batch, BatchKey, Entry, Meta, SeriesKey, SeriesState, SeriesStateV1, SeriesStateV4,
-    SeriesStateV5,
+    SeriesStateV5, SeriesStateV6,
 };
 
 use crate::input::Id;
@@ -160,8 +160,34 @@ pub struct ScoreUpdate {
     pub variance: f64,
     /// The counted votes in `vote_ids` order.
     pub votes: Vec<Entry>,
-    /// (previous score, score) under each of [`EngineConfig::companions`].
-    pub companions: Vec<(f64, f64)>,
+    /// SPEC §13: the evidence behind `score` as a number of votes, and
+    /// its 95 % interval (None while there is none).
+    pub effective_votes: Option<f64>,
+    pub score_interval: Option<(f64, f64)>,
+    /// The interval of `previous_score` (the backtest's coverage check).
+    pub previous_interval: Option<(f64, f64)>,
+    /// The same update under each of [`EngineConfig::companions`].
+    pub companions: Vec<Forecast>,
+}
+
+impl ScoreUpdate {
+    /// The update's scores under the engine's own decay.
+    pub fn forecast(&self) -> Forecast {
+        Forecast {
+            previous_score: self.previous_score,
+            score: self.score,
+            previous_interval: self.previous_interval,
+        }
+    }
+}
+
+/// A series' score before and after an update under one decay, and the
+/// interval of the score before it: what the backtest judges.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Forecast {
+    pub previous_score: f64,
+    pub score: f64,
+    pub previous_interval: Option<(f64, f64)>,
 }
 
 /// One change to persist, as [`Engine::drain_changes`] reports it.

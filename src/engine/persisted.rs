@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::score::Evidence;
 use super::EngineConfig;
 use crate::input::Id;
 use crate::time::Nanos;
@@ -37,6 +38,10 @@ pub struct SeriesState {
     /// The score under each of [`EngineConfig::companions`] (empty
     /// without them).
     pub companion_scores: Box<[f64]>,
+    /// The evidence behind the score (SPEC §13).
+    pub evidence: Evidence,
+    /// The evidence behind each companion score (empty without them).
+    pub companion_evidence: Box<[Evidence]>,
 }
 
 impl SeriesState {
@@ -55,7 +60,21 @@ impl SeriesState {
             pending: 0,
             last_mean_vote: None,
             companion_scores: vec![cfg.initial_score; cfg.companions.len()].into(),
+            evidence: Evidence::default(),
+            companion_evidence: vec![Evidence::default(); cfg.companions.len()].into(),
         }
+    }
+}
+
+/// The evidence of a series stored before it was kept (format ≤ 5): none
+/// before its first update; after one, the score taken as all votes and as
+/// one vote's worth (V = Q = 1), so its interval is as wide as a single
+/// vote's until new batches add to it (docs/decisions.md).
+fn upgraded_evidence(update_seq: u64) -> Evidence {
+    if update_seq == 0 {
+        Evidence::default()
+    } else {
+        Evidence { v: 1.0, q: 1.0 }
     }
 }
 
@@ -84,6 +103,8 @@ impl From<SeriesStateV1> for SeriesState {
             pending: 0,
             last_mean_vote: None,
             companion_scores: Box::default(),
+            evidence: upgraded_evidence(v.update_seq),
+            companion_evidence: Box::default(),
         }
     }
 }
@@ -120,6 +141,22 @@ impl From<SeriesStateV5> for SeriesState {
         SeriesState {
             last_mean_vote: v.last_mean_vote,
             ..v.v4.into()
+        }
+    }
+}
+
+/// [`SeriesState`] as stored before `evidence` (format ≤ 5).
+#[derive(Debug, Clone, Deserialize)]
+pub struct SeriesStateV6 {
+    pub v5: SeriesStateV5,
+    pub companion_scores: Box<[f64]>,
+}
+
+impl From<SeriesStateV6> for SeriesState {
+    fn from(v: SeriesStateV6) -> SeriesState {
+        SeriesState {
+            companion_scores: v.companion_scores,
+            ..v.v5.into()
         }
     }
 }

@@ -1,4 +1,7 @@
-//! The scoring math of SPEC §3: pure functions of numbers, nothing else.
+//! The scoring math of SPEC §3 and §13: pure functions of numbers, nothing
+//! else.
+
+use serde::{Deserialize, Serialize};
 
 /// How a batch's votes become one aggregate `a`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,15 +72,20 @@ pub struct Moments {
     pub weight_sum: f64,
     pub mean: f64,
     pub variance: f64,
+    /// `D = Σ r² / (Σ r)²` (SPEC §13): 1/n for n equal weights.
+    pub concentration: f64,
 }
 
-/// `m = Σ r v / Σ r`, `σ² = Σ r (v − m)² / Σ r`, summed in the given order.
-/// `votes` holds `(v, r)` pairs and must not be empty.
+/// `m = Σ r v / Σ r`, `σ² = Σ r (v − m)² / Σ r`, `D = Σ r² / (Σ r)²`,
+/// summed in the given order. `votes` holds `(v, r)` pairs and must not be
+/// empty.
 pub fn moments(votes: &[(f64, f64)]) -> Moments {
     let mut weight_sum = 0.0;
+    let mut weight_sq = 0.0;
     let mut weighted = 0.0;
     for &(v, r) in votes {
         weight_sum += r;
+        weight_sq += r * r;
         weighted += r * v;
     }
     let mean = weighted / weight_sum;
@@ -90,7 +98,61 @@ pub fn moments(votes: &[(f64, f64)]) -> Moments {
         weight_sum,
         mean,
         variance: sq / weight_sum,
+        concentration: weight_sq / (weight_sum * weight_sum),
     }
+}
+
+/// z of a two-sided 95 % interval.
+pub const Z95: f64 = 1.959963984540054;
+
+/// How much evidence is behind a score (SPEC §13), kept per series beside
+/// it: `v`, the share of the score that comes from votes rather than from
+/// the initial score, and `q`, the sum of the squared weights the votes
+/// have in the score (so that `v² / q` is Kish's effective sample size).
+/// Both start at 0.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Evidence {
+    pub v: f64,
+    pub q: f64,
+}
+
+impl Evidence {
+    /// After an update with decay `alpha` of a batch with weight
+    /// concentration `d` ([`Moments::concentration`]):
+    /// `V = α V + (1 − α)`, `Q = α² Q + (1 − α)² D`.
+    pub fn update(self, alpha: f64, d: f64) -> Evidence {
+        let fresh = 1.0 - alpha;
+        Evidence {
+            v: alpha * self.v + fresh,
+            q: alpha * alpha * self.q + fresh * fresh * d,
+        }
+    }
+
+    /// `V² / Q`; None while there is no evidence (V = 0 or Q = 0).
+    pub fn effective_votes(self) -> Option<f64> {
+        (self.v != 0.0 && self.q != 0.0).then(|| self.v * self.v / self.q)
+    }
+
+    /// The 95 % interval of `score` (SPEC §13): the Wilson interval of the
+    /// votes' part of the score, p̂ = (S − (1 − V) S₀) / V, with
+    /// n = [`Evidence::effective_votes`], mapped back through
+    /// S = (1 − V) S₀ + V p̂. None while there is no evidence.
+    pub fn interval(self, score: f64, initial_score: f64) -> Option<(f64, f64)> {
+        let n = self.effective_votes()?;
+        let prior = (1.0 - self.v) * initial_score;
+        let p = ((score - prior) / self.v).clamp(0.0, 1.0);
+        let (low, high) = wilson(p, n);
+        Some((prior + self.v * low, prior + self.v * high))
+    }
+}
+
+/// The 95 % Wilson score interval for a proportion `p` of `n` trials.
+pub fn wilson(p: f64, n: f64) -> (f64, f64) {
+    let z2 = Z95 * Z95;
+    let denom = 1.0 + z2 / n;
+    let center = (p + z2 / (2.0 * n)) / denom;
+    let half = Z95 / denom * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
+    (center - half, center + half)
 }
 
 /// The exponent eval-lib maps a temperature to: `p = −8 + (τ − 0.1)/0.9 × 20.25`.

@@ -534,3 +534,170 @@ fn tables_stay_within_what_their_entries_are_charged() {
         );
     }
 }
+
+/// SPEC §13 computed directly, not by the recursion: each counted vote i of
+/// update k weighs w = (1 − α_k) Π_{j>k} α_j · r_i / Σ r in the score, so
+/// V = Σ w, effective_votes = (Σ w)² / Σ w², and the votes' part of the
+/// score is p̂ = Σ_k (1 − α_k) Π_{j>k} α_j a_k / V (a_k the batch's
+/// aggregate; Σ w v / V for the mean). The interval is Wilson's, written
+/// out here again.
+fn direct_certainty(series: &[ScoreUpdate], s0: f64) -> (Option<f64>, Option<(f64, f64)>) {
+    let mut weights = Vec::new();
+    let mut votes_part = 0.0;
+    for (k, u) in series.iter().enumerate() {
+        let later: f64 = series[k + 1..].iter().map(|x| x.alpha).product();
+        let r_sum: f64 = u.votes.iter().map(|e| e.weight).sum();
+        for e in &u.votes {
+            weights.push((1.0 - u.alpha) * later * e.weight / r_sum);
+        }
+        votes_part += (1.0 - u.alpha) * later * u.aggregate;
+    }
+    let v: f64 = weights.iter().sum();
+    let q: f64 = weights.iter().map(|w| w * w).sum();
+    if v == 0.0 || q == 0.0 {
+        return (None, None);
+    }
+    let n = v * v / q;
+    let p = (votes_part / v).clamp(0.0, 1.0);
+    let z = 1.959963984540054f64;
+    let c = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+    let h = z / (1.0 + z * z / n) * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt();
+    let prior = (1.0 - v) * s0;
+    (Some(n), Some((prior + v * (c - h), prior + v * (c + h))))
+}
+
+fn weighted(inf: &str, voter: &str, value: f64, weight: f64, ts: &str) -> Vote {
+    Vote {
+        weight,
+        ..vote(inf, voter, Some(value), ts)
+    }
+}
+
+/// Every update of every series against [`direct_certainty`] over the
+/// series' updates so far (within 1e-12).
+fn assert_certainty_direct(out: &[ScoreUpdate], s0: f64) {
+    let mut by_series: BTreeMap<SeriesKey, Vec<ScoreUpdate>> = BTreeMap::new();
+    for u in out {
+        let so_far = by_series.entry(u.series.clone()).or_default();
+        so_far.push(u.clone());
+        let (n, interval) = direct_certainty(so_far, s0);
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        match (u.effective_votes, n) {
+            (Some(a), Some(b)) => assert!(close(a, b), "effective_votes {a} vs direct {b}"),
+            (a, b) => assert_eq!(a, b, "effective_votes"),
+        }
+        match (u.score_interval, interval) {
+            (Some(a), Some(b)) => assert!(
+                close(a.0, b.0) && close(a.1, b.1),
+                "score_interval {a:?} vs direct {b:?}"
+            ),
+            (a, b) => assert_eq!(a, b, "score_interval"),
+        }
+        if let Some((low, high)) = u.score_interval {
+            assert!(low <= u.score + 1e-12 && u.score <= high + 1e-12, "{u:?}");
+        }
+    }
+}
+
+#[test]
+fn certainty_matches_the_per_vote_weights_on_hand_made_series() {
+    let mut e = Engine::new(cfg());
+    let (mut out, _) = run(
+        &mut e,
+        &[
+            weighted("i", "a", 0.9, 1.0, "2024-01-01T00:00:10Z"),
+            weighted("i", "b", 0.2, 0.5, "2024-01-01T00:00:20Z"),
+            weighted("i", "c", 0.7, 2.0, "2024-01-01T00:00:30Z"),
+            weighted("j", "a", 1.0, 1.0, "2024-01-01T00:00:31Z"),
+            // 40 s later: α = e^(−0.4), the first batch still counts.
+            weighted("i", "a", 0.4, 1.0, "2024-01-01T00:01:10Z"),
+            weighted("i", "d", 0.6, 1.3, "2024-01-01T00:01:11Z"),
+            weighted("j", "b", 0.0, 0.7, "2024-01-01T00:01:40Z"),
+            weighted("i", "e", 1.0, 1.0, "2024-01-01T00:02:05Z"),
+            weighted("i", "a", 0.0, 0.2, "2024-01-01T00:03:00Z"),
+            weighted("i", "b", 0.3, 1.0, "2024-01-01T00:03:01Z"),
+        ],
+    );
+    e.close_all(&mut out);
+    assert_eq!(
+        out.iter()
+            .filter(|u| &*u.series.inference_id == "i")
+            .count(),
+        4
+    );
+    assert!(
+        out.iter().any(|u| u.alpha > 0.1),
+        "a decay that keeps old votes"
+    );
+    assert_certainty_direct(&out, 0.5);
+    // Old batches count for less: fewer effective votes than votes.
+    let last = out
+        .iter()
+        .rev()
+        .find(|u| &*u.series.inference_id == "i")
+        .unwrap();
+    assert!(last.effective_votes.unwrap() < last.series_votes as f64);
+}
+
+#[test]
+fn certainty_edge_cases() {
+    // One vote: one effective vote, the Wilson interval of one trial.
+    let mut e = Engine::new(cfg());
+    let (mut out, _) = run(&mut e, &[vote("i", "a", Some(1.0), "2024-01-01T00:00:10Z")]);
+    e.close_all(&mut out);
+    assert!((out[0].effective_votes.unwrap() - 1.0).abs() < 1e-12);
+    assert_certainty_direct(&out, 0.5);
+
+    // All-equal votes of equal weight: n effective votes; the interval of
+    // p̂ = 1 ends at 1.
+    let mut e = Engine::new(cfg());
+    let votes: Vec<Vote> = (0..5)
+        .map(|k| vote("i", &format!("v{k}"), Some(1.0), "2024-01-01T00:00:10Z"))
+        .collect();
+    let (mut out, _) = run(&mut e, &votes);
+    e.close_all(&mut out);
+    assert!((out[0].effective_votes.unwrap() - 5.0).abs() < 1e-9);
+    assert!((out[0].score_interval.unwrap().1 - out[0].score).abs() < 1e-12);
+    assert_certainty_direct(&out, 0.5);
+
+    // λ = 0: the score never leaves the initial score, no evidence.
+    let mut c = cfg();
+    c.defaults.lambda = 0.0;
+    c.initial_score = 0.3;
+    let mut e = Engine::new(c);
+    let (mut out, _) = run(
+        &mut e,
+        &[
+            vote("i", "a", Some(1.0), "2024-01-01T00:00:10Z"),
+            vote("i", "a", Some(0.0), "2024-01-01T00:02:10Z"),
+        ],
+    );
+    e.close_all(&mut out);
+    assert_eq!(out.len(), 2);
+    for u in &out {
+        assert_eq!((u.effective_votes, u.score_interval), (None, None));
+        assert_eq!(u.score, 0.3);
+    }
+    assert_certainty_direct(&out, 0.3);
+
+    // power_mean: p̂ from the batches' aggregates, not their mean votes.
+    let mut c = cfg();
+    c.defaults.aggregator = Aggregator::PowerMean;
+    c.defaults.temperature = 0.2;
+    c.defaults.lambda = 0.005;
+    let mut e = Engine::new(c);
+    let (mut out, _) = run(
+        &mut e,
+        &[
+            weighted("i", "a", 0.9, 1.0, "2024-01-01T00:00:10Z"),
+            weighted("i", "b", 0.1, 2.0, "2024-01-01T00:00:20Z"),
+            weighted("i", "a", 0.8, 1.0, "2024-01-01T00:01:30Z"),
+            weighted("i", "c", 0.0, 1.0, "2024-01-01T00:01:35Z"),
+            weighted("i", "d", 0.6, 0.5, "2024-01-01T00:03:35Z"),
+        ],
+    );
+    e.close_all(&mut out);
+    assert_eq!(out.len(), 3);
+    assert!(out.iter().any(|u| (u.aggregate - u.mean_vote).abs() > 0.01));
+    assert_certainty_direct(&out, 0.5);
+}

@@ -107,6 +107,13 @@ impl<'a> Json<'a> {
         self
     }
 
+    pub fn opt_f64(&mut self, key: &str, v: Option<f64>) -> &mut Self {
+        match v {
+            Some(v) => self.f64(key, v),
+            None => self.null(key),
+        }
+    }
+
     pub fn u64(&mut self, key: &str, v: u64) -> &mut Self {
         self.key(key);
         let _ = CompactFormatter.write_u64(self.out, v);

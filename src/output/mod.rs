@@ -110,6 +110,17 @@ fn write_score_updated(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
     }
     ids.close();
     b.close();
+    o.opt_f64("effective_votes", u.effective_votes);
+    match u.score_interval {
+        Some((low, high)) => {
+            let mut i = o.open_array("score_interval");
+            i.f64("", low).f64("", high);
+            i.close();
+        }
+        None => {
+            o.null("score_interval");
+        }
+    }
     o.close();
 }
 

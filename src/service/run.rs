@@ -45,7 +45,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
         .listen
         .parse()
         .map_err(|e| ServiceError::config(format!("metrics.listen: {e}")))?;
-    let holdings = Arc::new(Holdings::default());
+    let holdings = Arc::new(Holdings::new(cfg.engine().initial_score));
     let api = Api::new(
         holdings.clone(),
         &cfg.api.token,

@@ -4,7 +4,9 @@
 use rocksdb::WriteBatch;
 
 use super::Record;
-use crate::engine::{Change, SeriesKey, SeriesState, SeriesStateV1, SeriesStateV4, SeriesStateV5};
+use crate::engine::{
+    Change, SeriesKey, SeriesState, SeriesStateV1, SeriesStateV4, SeriesStateV5, SeriesStateV6,
+};
 use crate::time::Nanos;
 
 pub const META_KEY: &[u8] = b"m";
@@ -82,13 +84,14 @@ pub(super) fn voter_prefix(k: &SeriesKey) -> Vec<u8> {
 }
 
 /// A stored series state, in the current layout or an older one: before
-/// `companion_scores`, before `last_mean_vote`, before `ambiguous` and
+/// `evidence`, before `companion_scores`, before `last_mean_vote`, before `ambiguous` and
 /// `pending` (format ≤ 3). Postcard has no optional trailing fields, so an
 /// old layout fails to decode as a newer one.
 pub fn decode_series(v: &[u8]) -> Result<SeriesState, postcard::Error> {
     // postcard is not self-describing: an older, shorter record fails to
     // decode as a newer layout (it ends early), so the newest goes first.
     postcard::from_bytes::<SeriesState>(v)
+        .or_else(|_| postcard::from_bytes::<SeriesStateV6>(v).map(SeriesState::from))
         .or_else(|_| postcard::from_bytes::<SeriesStateV5>(v).map(SeriesState::from))
         .or_else(|_| postcard::from_bytes::<SeriesStateV4>(v).map(SeriesState::from))
         .or_else(|_| postcard::from_bytes::<SeriesStateV1>(v).map(SeriesState::from))

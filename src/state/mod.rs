@@ -34,7 +34,7 @@ use rocksdb::{
 use thiserror::Error;
 
 use crate::engine::agreement::{ReviewerStats, RubricSums};
-use crate::engine::board::{BoardKey, BoardRow};
+use crate::engine::board::{BoardKey, BoardRow, BoardRowV5};
 use crate::engine::{Batch, BatchKey, Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants};
 use crate::time::Nanos;
 
@@ -82,9 +82,11 @@ const INCOMPLETE: &str = "incomplete_write";
 /// only current entries in it, 4 added the leaderboard (`l`), the voters
 /// (`v`) and the series' `ambiguous` and `pending`, 5 the agreement sums
 /// (`g`) and reviewers (`r`), which start empty in an older directory (its
-/// votes are gone).
+/// votes are gone), 6 the series' evidence (read from older series
+/// records as they are, see `SeriesStateV6`) and the rows' sums of squared
+/// scores (the rows are rebuilt from the series).
 const FORMAT: &str = "format";
-const FORMAT_VERSION: i64 = 5;
+const FORMAT_VERSION: i64 = 6;
 
 /// Most identities one [`Store::sweep`] call forgets (bounds a cycle's work).
 pub const SWEEP_LIMIT: usize = 10_000;
@@ -295,12 +297,9 @@ impl Store {
         if format >= FORMAT_VERSION {
             return Ok(());
         }
-        if format == 4 {
-            // Only the agreement rows are new; they start empty.
-            return self.apply(&[], &[(FORMAT, FORMAT_VERSION)]);
-        }
         if format >= 3 {
-            // Only the leaderboard is new: built from the series, once.
+            // The leaderboard (new in 4, with squares in 6) is built from
+            // the series, once; the agreement rows (5) start empty.
             let mut wb = WriteBatch::default();
             self.rebuild_board(&mut wb)?;
             wb.put(position_key(FORMAT), FORMAT_VERSION.to_le_bytes());
@@ -356,14 +355,45 @@ impl Store {
 
     /// The partition's leaderboard rows.
     pub fn board(&self) -> Result<Vec<(BoardKey, BoardRow)>, StoreError> {
+        Ok(self.board_rows()?.0)
+    }
+
+    /// The leaderboard rows, and whether one of them was in the layout
+    /// before `score_squares` (a changelog written by an older version,
+    /// restored into this directory): then its squares are unknown.
+    fn board_rows(&self) -> Result<(Vec<(BoardKey, BoardRow)>, bool), StoreError> {
         let mut out = Vec::new();
+        let mut old = false;
         for item in self.prefix(b"l") {
             let (k, v) = item?;
             let key = postcard::from_bytes(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            let row = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            let row = match postcard::from_bytes::<BoardRow>(&v) {
+                Ok(row) => row,
+                Err(_) => {
+                    old = true;
+                    postcard::from_bytes::<BoardRowV5>(&v)
+                        .map_err(|e| self.corrupt(&k, e))?
+                        .into()
+                }
+            };
             out.push((key, row));
         }
-        Ok(out)
+        Ok((out, old))
+    }
+
+    /// The leaderboard rows for a load: rebuilt from the series first when
+    /// one is in an older layout.
+    fn board_for_load(&self) -> Result<Vec<(BoardKey, BoardRow)>, StoreError> {
+        let (rows, old) = self.board_rows()?;
+        if !old {
+            return Ok(rows);
+        }
+        let mut wb = WriteBatch::default();
+        self.rebuild_board(&mut wb)?;
+        self.db.write(wb).map_err(|e| self.rocks(e))?;
+        tracing::info!(path = %self.path.display(),
+            "leaderboard rows of an older layout rebuilt from the series");
+        self.board()
     }
 
     /// Turns the engine's pending changes into records, appended to `out`,
@@ -581,7 +611,7 @@ impl Store {
             batches: batches.len() as u64,
         };
         let (board, agreement) = if cfg.query_index {
-            (self.board()?, self.agreement()?)
+            (self.board_for_load()?, self.agreement()?)
         } else {
             Default::default()
         };

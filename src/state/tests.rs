@@ -1,4 +1,5 @@
 use super::*;
+use crate::engine::score::Evidence;
 use crate::engine::Change;
 
 #[test]
@@ -248,11 +249,113 @@ fn series_records_of_earlier_layouts_decode() {
     let s = super::decode_series(&postcard::to_allocvec(&v5).unwrap()).unwrap();
     assert_eq!((s.pending, s.last_mean_vote), (2, Some(0.5)));
     assert!(s.companion_scores.is_empty());
+    // Format ≤ 5 (before the evidence): a scored series is read as one
+    // vote's worth, all from votes (docs/decisions.md).
+    #[derive(serde::Serialize)]
+    struct V6 {
+        v5: V5,
+        companion_scores: Vec<f64>,
+    }
+    let v6 = V6 {
+        v5,
+        companion_scores: vec![0.3],
+    };
+    let s = super::decode_series(&postcard::to_allocvec(&v6).unwrap()).unwrap();
+    assert_eq!((s.update_seq, &*s.companion_scores), (3, &[0.3][..]));
+    assert_eq!(s.evidence, Evidence { v: 1.0, q: 1.0 });
+    assert_eq!(s.evidence.effective_votes(), Some(1.0));
+    assert!(s.companion_evidence.is_empty());
+    let unscored =
+        super::decode_series(&postcard::to_allocvec(&SeriesStateV1Fixture::default()).unwrap())
+            .unwrap();
+    assert_eq!(unscored.evidence, Evidence::default());
     let mut now = s.clone();
     now.last_mean_vote = Some(0.75);
     now.companion_scores = vec![0.1, 0.2].into();
+    now.evidence = Evidence { v: 0.9, q: 0.2 };
+    now.companion_evidence = vec![Evidence { v: 0.5, q: 0.1 }; 2].into();
     let back = super::decode_series(&postcard::to_allocvec(&now).unwrap()).unwrap();
     assert_eq!(back, now);
+}
+
+/// A format-5 directory: its leaderboard rows (without squares) are
+/// rebuilt from its series at open, and a row of the old layout that
+/// arrives later (an older version's changelog) is rebuilt at load.
+#[test]
+fn a_format_5_directory_gets_leaderboard_squares() {
+    use crate::engine::board::{fixed, fixed_square, BoardKey};
+    #[derive(serde::Serialize)]
+    struct RowV5 {
+        series: u64,
+        score_sum: i128,
+        ambiguous: u64,
+        votes: u64,
+    }
+    let series = |inf: &str, score: f64| {
+        let k = SeriesKey {
+            inference_id: inf.into(),
+            voter_prompt_id: "r".into(),
+        };
+        let v1 = SeriesStateV1Fixture {
+            model_id: Some("m".into()),
+            score,
+            last_vote_at: Some(7),
+            update_seq: 1,
+            abstentions: 0,
+            votes: 2,
+        };
+        (series_key_bytes(&k), postcard::to_allocvec(&v1).unwrap())
+    };
+    let key = BoardKey {
+        model_id: Some("m".into()),
+        voter_prompt_id: "r".into(),
+    };
+    let old_row = |wb: &mut WriteBatch| {
+        let row = RowV5 {
+            series: 2,
+            score_sum: fixed(0.2) + fixed(0.6),
+            ambiguous: 0,
+            votes: 4,
+        };
+        wb.put(
+            [&b"l"[..], &enc(&key)].concat(),
+            postcard::to_allocvec(&row).unwrap(),
+        );
+    };
+    let want_squares = fixed_square(0.2) + fixed_square(0.6);
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        let mut wb = WriteBatch::default();
+        for (k, v) in [series("a", 0.2), series("b", 0.6)] {
+            wb.put(k, v);
+        }
+        old_row(&mut wb);
+        wb.put(position_key(FORMAT), 5i64.to_le_bytes());
+        store.db.write(wb).unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.position(FORMAT).unwrap(), Some(FORMAT_VERSION));
+    let board = store.board().unwrap();
+    assert_eq!(board.len(), 1);
+    assert_eq!(
+        (board[0].1.series, board[0].1.score_squares),
+        (2, want_squares)
+    );
+    let sd = board[0].1.score_sd().unwrap();
+    assert!((sd - (0.08f64).sqrt()).abs() < 1e-12, "{sd}");
+
+    // An old-layout row written after the upgrade (a restored changelog).
+    let mut wb = WriteBatch::default();
+    old_row(&mut wb);
+    store.db.write(wb).unwrap();
+    assert_eq!(store.board().unwrap()[0].1.score_squares, 0);
+    let cfg = crate::config::Config::load(None).unwrap().engine();
+    let (engine, _) = store.load(cfg).unwrap();
+    let rows: Vec<_> = engine.board().iter().collect();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].1.score_squares, want_squares);
+    assert_eq!(store.board().unwrap()[0].1.score_squares, want_squares);
 }
 
 #[test]

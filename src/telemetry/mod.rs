@@ -50,7 +50,12 @@ pub const CONSUMER_LAG: &str = "jurystream_consumer_lag_messages";
 pub const COMMIT_DURATION: &str = "jurystream_commit_duration_seconds";
 pub const RESTORE_DURATION: &str = "jurystream_state_restore_duration_seconds";
 pub const BUILD_INFO: &str = "jurystream_build_info";
-pub const MODEL_SCORE_SUM: &str = "jurystream_model_score_sum";
+/// SPEC §8 (v3 name; v2's `jurystream_model_score_sum` broke Prometheus'
+/// rule that a `_sum` suffix belongs to a histogram or summary).
+pub const MODEL_SCORES: &str = "jurystream_model_scores";
+/// SPEC §13: with the two beside it, PromQL gives the leaderboard's
+/// `score_sd` over every instance.
+pub const MODEL_SCORE_SQUARES: &str = "jurystream_model_score_squares";
 pub const MODEL_SERIES: &str = "jurystream_model_series";
 /// Reviewer agreement sums (SPEC §11), per rubric; α over any range is
 /// 1 − (n − 1)·W / (n·S2 − S1²) of their `increase()`s.
@@ -133,7 +138,8 @@ pub struct Metrics {
     lag: GaugeFamily,
     commit: Histogram,
     restore: Histogram,
-    model_score_sum: GaugeFamily,
+    model_scores: GaugeFamily,
+    model_score_squares: GaugeFamily,
     model_series: GaugeFamily,
     /// n, S1, S2, W of SPEC §11.
     agreement: [CounterFamily; 4],
@@ -228,9 +234,14 @@ impl Metrics {
             "Duration of one partition state restore.",
             SECONDS_BUCKETS,
         );
-        let model_score_sum = GaugeFamily::new(
-            MODEL_SCORE_SUM,
+        let model_scores = GaugeFamily::new(
+            MODEL_SCORES,
             "Sum of the current scores of this instance's scored series, per model and rubric.",
+            &[MODEL_ID, VOTER_PROMPT_ID],
+        );
+        let model_score_squares = GaugeFamily::new(
+            MODEL_SCORE_SQUARES,
+            "Sum of the squared current scores of this instance's scored series, per model and rubric.",
             &[MODEL_ID, VOTER_PROMPT_ID],
         );
         let model_series = GaugeFamily::new(
@@ -278,7 +289,8 @@ impl Metrics {
         register(&registry, lag.clone());
         register(&registry, commit.clone());
         register(&registry, restore.clone());
-        register(&registry, model_score_sum.clone());
+        register(&registry, model_scores.clone());
+        register(&registry, model_score_squares.clone());
         register(&registry, model_series.clone());
         for f in &agreement {
             register(&registry, f.clone());
@@ -302,7 +314,8 @@ impl Metrics {
             lag,
             commit,
             restore,
-            model_score_sum,
+            model_scores,
+            model_score_squares,
             model_series,
             agreement,
             partitions: Mutex::new(Partitions::default()),
@@ -393,21 +406,27 @@ impl Metrics {
             ),
         >,
     ) {
-        let mut sums: std::collections::BTreeMap<Vec<String>, (f64, f64)> = Default::default();
+        // Rows merged per label pair (capped labels join rows) first, so
+        // that each gauge is one exact fixed-point sum.
+        let mut sums: std::collections::BTreeMap<Vec<String>, crate::engine::board::BoardRow> =
+            Default::default();
         {
             let mut t = lock(&self.series);
             for (k, r) in rows {
                 let model = k.model_id.as_deref().unwrap_or(UNKNOWN_MODEL);
                 let (m, v) = t.capped(model, &k.voter_prompt_id);
-                let e = sums.entry(vec![m, v]).or_default();
-                e.0 += r.score_sum as f64 / crate::engine::board::FIXED_ONE;
-                e.1 += r.series as f64;
+                sums.entry(vec![m, v]).or_default().add(r);
             }
         }
-        self.model_score_sum
-            .replace_all(sums.iter().map(|(k, v)| (k.clone(), v.0)));
+        let fixed = |x: i128| x as f64 / FIXED_ONE;
+        self.model_scores
+            .replace_all(sums.iter().map(|(k, r)| (k.clone(), fixed(r.score_sum))));
+        self.model_score_squares.replace_all(
+            sums.iter()
+                .map(|(k, r)| (k.clone(), fixed(r.score_squares))),
+        );
         self.model_series
-            .replace_all(sums.into_iter().map(|(k, v)| (k, v.1)));
+            .replace_all(sums.into_iter().map(|(k, r)| (k, r.series as f64)));
     }
 
     /// A partition's agreement sums as it is taken into service: counted

@@ -39,6 +39,9 @@ fn update(model: Option<&str>, rubric: &str, ambiguous: bool) -> ScoreUpdate {
         aggregate: 0.5,
         variance: 0.0,
         votes: vec![],
+        effective_votes: None,
+        score_interval: None,
+        previous_interval: None,
         companions: vec![],
     }
 }

@@ -330,6 +330,35 @@ def power_mean(vals, weights, tau):
     return big_m * (1 - none_frac) ** k
 
 
+Z95 = 1.959963984540054
+
+
+def certainty(hist, s0):
+    """SPEC §13 from each vote's weight in the score, not by recursion:
+    update k's vote i weighs (1 - a_k) * prod(a_j, j > k) * r_i / sum(r);
+    V = sum of the weights, effective votes = V^2 / sum of their squares,
+    the votes' part of the score p = sum_k (1 - a_k) prod(a_j) agg_k / V,
+    and the 95 % Wilson interval for p mapped back onto the score."""
+    weights, part = [], 0.0
+    for k, (a, rs, agg) in enumerate(hist):
+        later = 1.0
+        for a_j, _, _ in hist[k + 1:]:
+            later *= a_j
+        weights += [(1 - a) * later * r for r in rs]
+        part += (1 - a) * later * agg
+    v = sum(weights)
+    q = sum(w * w for w in weights)
+    if v == 0 or q == 0:
+        return None, None
+    n = v * v / q
+    p = min(1.0, max(0.0, part / v))
+    z2 = Z95 * Z95
+    c = (p + z2 / (2 * n)) / (1 + z2 / n)
+    h = Z95 / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    prior = (1 - v) * s0
+    return n, [prior + v * (c - h), prior + v * (c + h)]
+
+
 class Reference:
     def __init__(self, cfg):
         self.cfg = cfg
@@ -447,6 +476,8 @@ class Reference:
         alpha = math.exp(-p["lambda"] * (dt_s / UNIT_SECONDS[p["time_unit"]]))
         new = alpha * prev + (1 - alpha) * agg
         amb = len(votes) >= self.min_votes and var > p["variance_threshold"]
+        st.setdefault("hist", []).append((alpha, [w / wsum for w in ws], agg))
+        eff, interval = certainty(st["hist"], self.initial)
         st["score"], st["t_prev"] = new, t
         st["seq"] += 1
         ids = [e["vote_id"] if e["vote_id"] is not None else DERIVED + "?" for e in votes]
@@ -469,6 +500,7 @@ class Reference:
                 "superseded": superseded, "weight_sum": wsum, "mean_vote": mean,
                 "aggregate": agg, "variance": var, "vote_ids": ids,
             },
+            "effective_votes": eff, "score_interval": interval,
         })
         if amb:
             self.events.append({

@@ -237,3 +237,49 @@ impl Prometheus {
         })
     }
 }
+
+impl Prometheus {
+    /// The leaderboard's `score_sd` per (model_id, voter_prompt_id) from
+    /// the three leaderboard gauges summed over every target (SPEC §13),
+    /// for rows of at least two series. A missing model_id is `unknown`.
+    pub fn score_sd(&self) -> BTreeMap<(String, String), f64> {
+        let sum = |name: &str| format!("sum by (model_id, voter_prompt_id) ({name})");
+        let q = format!(
+            "sqrt(clamp_min(({q} - {s} ^ 2 / {n}) / ({n} - 1 > 0), 0))",
+            q = sum("jurystream_model_score_squares"),
+            s = sum("jurystream_model_scores"),
+            n = sum("jurystream_model_series"),
+        );
+        self.query(&q)
+            .iter()
+            .map(|s| {
+                let label = |k: &str| s["metric"][k].as_str().unwrap_or("?").to_owned();
+                (
+                    (label("model_id"), label("voter_prompt_id")),
+                    s["value"][1].as_str().unwrap().parse::<f64>().unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    /// What differs between [`Prometheus::score_sd`] and the `score_sd` of
+    /// the leaderboard rows `board` (within 1e-6: PromQL's f64 sums cancel
+    /// where the service's fixed-point sums do not); `None` when they
+    /// agree.
+    pub fn score_sd_mismatch(&self, board: &[Value]) -> Option<String> {
+        let want: BTreeMap<(String, String), f64> = board
+            .iter()
+            .filter_map(|r| {
+                let model = r["model_id"].as_str().unwrap_or("unknown").to_owned();
+                let rubric = r["voter_prompt_id"].as_str()?.to_owned();
+                Some(((model, rubric), r["score_sd"].as_f64()?))
+            })
+            .collect();
+        let have = self.score_sd();
+        let same = have.len() == want.len()
+            && want
+                .iter()
+                .all(|(k, w)| have.get(k).is_some_and(|h| (h - w).abs() <= 1e-6));
+        (!same).then(|| format!("PromQL score_sd {have:?}, leaderboard {want:?}"))
+    }
+}
