@@ -19,6 +19,10 @@ struct Hand {
     se: f64,
     ll: f64,
     se_last: f64,
+    /// updates whose previous score had an interval, and those whose
+    /// interval held the batch's mean vote (SPEC §13 coverage)
+    with_interval: u64,
+    covered: u64,
     all: u64,
     eligible: u64,
     /// variances of the eligible updates
@@ -34,6 +38,7 @@ fn t_ns(s: &str) -> i128 {
 fn hand(events: &[Value], min_votes: u64) -> Hand {
     let mut h = Hand::default();
     let mut last_mean: HashMap<(String, String), f64> = HashMap::new();
+    let mut last_interval: HashMap<(String, String), Value> = HashMap::new();
     for e in events.iter().filter(|e| e["type"] == "score_updated") {
         let key = (
             e["inference_id"].as_str().unwrap().to_owned(),
@@ -46,8 +51,14 @@ fn hand(events: &[Value], min_votes: u64) -> Hand {
             h.eligible += 1;
             h.variances.push(b["variance"].as_f64().unwrap());
         }
-        let prev = last_mean.insert(key, m);
+        let prev = last_mean.insert(key.clone(), m);
+        let prev_interval = last_interval.insert(key, e["score_interval"].clone());
         if e["update_seq"].as_u64().unwrap() >= 2 {
+            if let Some(Value::Array(i)) = prev_interval {
+                h.with_interval += 1;
+                let (low, high) = (i[0].as_f64().unwrap(), i[1].as_f64().unwrap());
+                h.covered += u64::from(low <= m && m <= high);
+            }
             let p = e["previous_score"].as_f64().unwrap();
             let m_prev = prev.expect("a series' second update has a previous batch");
             h.n += 1;
@@ -88,6 +99,8 @@ fn check_row(row: &Value, h: &Hand, what: &str) {
     );
     let skill = (h.n > 0 && h.se_last != 0.0).then(|| 1.0 - (h.se / n) / (h.se_last / n));
     close(&row["skill"], skill, &format!("{what}: skill"));
+    let coverage = (h.with_interval > 0).then(|| h.covered as f64 / h.with_interval as f64);
+    close(&row["coverage"], coverage, &format!("{what}: coverage"));
 }
 
 fn write_config(dir: &Path, name: &str, body: &str) -> std::path::PathBuf {
@@ -147,6 +160,7 @@ fn the_metrics_on_the_example_equal_a_computation_from_replay_events() {
             let events = common::replay(Some(&c), &input, None, false);
             let h = hand(&events, 3);
             assert!(h.n > 0, "the example scores some series twice");
+            assert!(h.with_interval > 0, "coverage is defined");
             let row = grid
                 .iter()
                 .find(|r| r["lambda"] == json!(lambda) && r["window_seconds"] == json!(window))
@@ -156,6 +170,9 @@ fn the_metrics_on_the_example_equal_a_computation_from_replay_events() {
             hands.push((lambda, window, h));
         }
     }
+    // Coverage differs between the points (the example is not degenerate).
+    assert!(hands.iter().any(|(_, _, h)| h.covered > 0));
+    assert!(hands.iter().any(|(_, _, h)| h.covered < h.with_interval));
     // Ranked by skill, descending.
     let skills: Vec<f64> = grid.iter().filter_map(|r| r["skill"].as_f64()).collect();
     assert!(skills.windows(2).all(|w| w[0] >= w[1]), "{skills:?}");
