@@ -10,12 +10,18 @@ use common::*;
 use serde_json::Value;
 
 fn inspect(state: &Path, inference: &str) -> Value {
-    let out = command()
-        .args(["inspect", "--state-dir"])
+    inspect_with(state, inference, None)
+}
+
+fn inspect_with(state: &Path, inference: &str, config: Option<&Path>) -> Value {
+    let mut cmd = command();
+    cmd.args(["inspect", "--state-dir"])
         .arg(state)
-        .args(["--inference", inference])
-        .output()
-        .unwrap();
+        .args(["--inference", inference]);
+    if let Some(c) = config {
+        cmd.arg("--config").arg(c);
+    }
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "inspect exited {:?}: {}",
@@ -55,7 +61,7 @@ fn inspect_shows_the_last_score_of_every_series() {
         assert!(!last.is_empty());
         let inferences: std::collections::BTreeSet<&String> = last.keys().map(|k| &k.0).collect();
         for inf in inferences {
-            let doc = inspect(state.path(), inf);
+            let doc = inspect_with(state.path(), inf, Some(&dir.join("config.toml")));
             assert_eq!(doc["inference_id"], inf.as_str());
             assert_eq!(doc["open_batches"], serde_json::json!([]), "{case}/{inf}");
             let series = doc["series"].as_array().unwrap();
@@ -73,6 +79,11 @@ fn inspect_shows_the_last_score_of_every_series() {
                     "{case}/{inf}/{prompt}"
                 );
                 assert_eq!(s["update_seq"], ev["update_seq"], "{case}/{inf}/{prompt}");
+                // SPEC §13, from the stored V and Q: the last event's.
+                for k in ["effective_votes", "score_interval"] {
+                    assert!(!ev[k].is_null(), "{case}/{inf}/{prompt}: {k}");
+                    assert_eq!(s[k], ev[k], "{case}/{inf}/{prompt}: {k}");
+                }
                 assert_eq!(s["model_id"], ev["model_id"], "{case}/{inf}/{prompt}");
                 assert_eq!(
                     parse_utc(s["last_vote_at"].as_str().unwrap()),
