@@ -64,6 +64,36 @@ pub const AGREEMENT_SUM: &str = "jurystream_agreement_vote_sum_total";
 pub const AGREEMENT_SQUARE_SUM: &str = "jurystream_agreement_vote_square_sum_total";
 pub const AGREEMENT_WITHIN: &str = "jurystream_agreement_within_unit_total";
 
+/// `jurystream connect` (SPEC §12; its own `/metrics`). Votes in, by
+/// `source` (`api`: `POST /v1/votes`; `webhook`: Label Studio's webhooks;
+/// `sync`: the periodic read of Label Studio's API) and `result`
+/// (`produced`: acknowledged by the broker, including mapped votes `run`
+/// will reject to its DLQ; `rejected`: refused by the §1 rules, never
+/// produced; `failed`: not acknowledged in time, the request answered 503).
+pub const CONNECT_VOTES: &str = "jurystream_connect_votes_total";
+/// Label Studio webhooks received, by `action` (`ANNOTATION_CREATED`,
+/// `ANNOTATION_UPDATED`, `ANNOTATIONS_DELETED`, else `other`).
+pub const CONNECT_WEBHOOKS: &str = "jurystream_connect_webhooks_total";
+/// Sync passes over Label Studio's API, by `result` (`ok`, `error`).
+pub const CONNECT_SYNC_RUNS: &str = "jurystream_connect_sync_runs_total";
+/// Votes a sync produced that no webhook had brought to this instance
+/// (a webhook lost while `connect` was down or unreachable).
+pub const CONNECT_SYNC_MISSED: &str = "jurystream_connect_sync_missed_votes_total";
+/// When the last sync pass succeeded (Unix seconds).
+pub const CONNECT_LAST_SYNC: &str = "jurystream_connect_last_sync_timestamp_seconds";
+/// Flags routed back to Label Studio, by `result` (`requested`: the task's
+/// overlap raised and the task unlabelled; `at_cap`: already at
+/// `label_studio.max_annotations`; `task_missing`: the task is gone;
+/// `skipped`: no Label Studio vote in the flag; `error`: a Label Studio
+/// call failed, retried).
+pub const CONNECT_ROUTING: &str = "jurystream_connect_routing_total";
+/// Time from a request's produce to the broker's last acknowledgement.
+pub const CONNECT_PRODUCE_DURATION: &str = "jurystream_connect_produce_duration_seconds";
+/// Label names of the connect metrics.
+pub const SOURCE: &str = "source";
+pub const RESULT: &str = "result";
+pub const ACTION: &str = "action";
+
 /// The label names (SPEC §8). No label ever carries an inference or voter id.
 pub const MODEL_ID: &str = "model_id";
 pub const VOTER_PROMPT_ID: &str = "voter_prompt_id";
