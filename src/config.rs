@@ -45,6 +45,10 @@ pub const MAX_TOPIC_PARTITIONS: i64 = 100_000;
 pub const MAX_REPLICATION_FACTOR: i64 = i16::MAX as i64;
 /// Upper bound of `batching.max_votes` and `ambiguity.min_votes`.
 pub const MAX_VOTES: i64 = u32::MAX as i64;
+/// Upper bound of `connect.max_body_bytes`: 1 GiB.
+pub const MAX_BODY_BYTES: i64 = 1 << 30;
+/// Upper bound of `label_studio.max_annotations` and `extra_reviews`.
+pub const MAX_ANNOTATIONS: i64 = 10_000;
 /// `state.cache_mb` at most 1 TiB.
 pub const MAX_CACHE_MB: i64 = 1 << 20;
 
@@ -76,6 +80,8 @@ pub struct Config {
     pub kafka: Kafka,
     pub state: State,
     pub log: Log,
+    pub connect: Connect,
+    pub label_studio: LabelStudio,
     pub rubrics: BTreeMap<String, RubricOverride>,
     engine: EngineConfig,
 }
@@ -95,6 +101,8 @@ struct Sections {
     kafka: Kafka,
     state: State,
     log: Log,
+    connect: Connect,
+    label_studio: LabelStudio,
     #[serde(default)]
     rubrics: BTreeMap<String, RubricOverride>,
 }
@@ -222,6 +230,38 @@ pub struct Log {
     pub format: LogFormat,
 }
 
+/// `jurystream connect` (SPEC §12).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Connect {
+    pub listen: String,
+    /// Bearer token required on every route but the health and metrics
+    /// ones (empty: none).
+    #[serde(deserialize_with = "choice::text")]
+    pub token: String,
+    pub max_body_bytes: i64,
+    pub produce_timeout_ms: i64,
+}
+
+/// Label Studio, for `connect` (SPEC §12).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LabelStudio {
+    pub url: String,
+    #[serde(deserialize_with = "choice::text")]
+    pub token: String,
+    pub projects: Vec<i64>,
+    pub controls: BTreeMap<String, String>,
+    pub values: BTreeMap<String, toml::Value>,
+    pub inference_id_field: String,
+    pub model_id_field: String,
+    pub inference_time_field: String,
+    pub sync_interval_seconds: f64,
+    pub sync_lookback_seconds: f64,
+    pub extra_reviews: i64,
+    pub max_annotations: i64,
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RubricOverride {
@@ -343,6 +383,8 @@ impl Config {
             kafka: self.kafka.clone(),
             state: self.state.clone(),
             log: self.log.clone(),
+            connect: self.connect.clone(),
+            label_studio: self.label_studio.clone(),
             rubrics,
         };
         s.scoring.lambda = lambda;
@@ -405,6 +447,8 @@ const DEFAULT_SECTIONS: &[&str] = &[
     "state",
     "log",
     "api",
+    "connect",
+    "label_studio",
 ];
 
 /// An error about a key an environment variable set names that variable:

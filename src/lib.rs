@@ -9,6 +9,7 @@ pub mod agreement;
 pub mod api;
 pub mod backtest;
 pub mod config;
+pub mod connect;
 pub mod engine;
 pub mod input;
 pub mod inspect;

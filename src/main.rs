@@ -73,6 +73,26 @@ enum Command {
         #[arg(long, value_name = "FORMAT")]
         log_format: Option<String>,
     },
+    /// The front door between labelling tools and Kafka (SPEC §12):
+    /// POST /v1/votes (one vote, a JSON array or NDJSON; each checked and
+    /// answered by index) and Label Studio webhooks (POST
+    /// /hooks/label-studio) become votes on the first of kafka.input_topics,
+    /// answered only after the broker acknowledged them (idempotent
+    /// producer, acks=all). With label_studio.url set it also re-reads
+    /// recently updated annotations every label_studio.sync_interval_seconds
+    /// (a webhook Label Studio failed to deliver is not lost) and sends each
+    /// ambiguity_flagged task back to Label Studio for more reviews. Listens
+    /// on connect.listen with /metrics, /healthz and /readyz; stateless, so
+    /// any number of instances can share one address. README: "With Label
+    /// Studio".
+    Connect {
+        /// Configuration file (TOML); keys not set keep their defaults.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Log format (overrides log.format): text or json.
+        #[arg(long, value_name = "FORMAT")]
+        log_format: Option<String>,
+    },
     /// Publish a JSONL vote file to a Kafka topic, one message per non-blank
     /// line, keyed by inference_id when the line has one (backfills, demos).
     Produce {
@@ -294,7 +314,7 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, ExitCode> {
 fn main() -> ExitCode {
     allocator::tune_allocator();
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Run { .. }) {
+    if !matches!(cli.command, Command::Run { .. } | Command::Connect { .. }) {
         init_logging(false);
     }
     let result = match cli.command {
@@ -319,6 +339,35 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
             jurystream::service::run(cfg, &STOP).map_err(anyhow::Error::from)
+        }
+        Command::Connect { config, log_format } => {
+            let mut cfg = match load_config(config.as_deref()) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
+            if let Some(f) = log_format {
+                match f.parse::<LogFormat>() {
+                    Ok(f) => cfg.log.format = f,
+                    Err(e) => {
+                        eprintln!("jurystream: --log-format: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            init_logging(cfg.log.format == LogFormat::Json);
+            let timeout = Duration::from_millis(cfg.connect.produce_timeout_ms as u64)
+                + Duration::from_secs(5);
+            if let Err(e) = install_signal_handlers(timeout) {
+                eprintln!("jurystream: cannot install the signal handlers: {e}");
+                return ExitCode::FAILURE;
+            }
+            match jurystream::connect::run(cfg, &STOP) {
+                Err(e) if e.fault == jurystream::connect::error::Fault::Config => {
+                    eprintln!("jurystream: {e}");
+                    return ExitCode::from(2);
+                }
+                r => r.map_err(anyhow::Error::from),
+            }
         }
         Command::Produce {
             input,

@@ -98,20 +98,7 @@ pub fn routes(api: Arc<Api>) -> Router {
 
 async fn auth(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response {
     if let Some(token) = &api.token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        // Compared without an early exit, so timing does not reveal a prefix.
-        let ok = given.is_some_and(|g| {
-            g.len() == token.len()
-                && g.bytes()
-                    .zip(token.bytes())
-                    .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                    == 0
-        });
-        if !ok {
+        if !crate::telemetry::http::bearer_matches(req.headers(), token) {
             let mut r = error(
                 StatusCode::UNAUTHORIZED,
                 "missing or wrong bearer token (Authorization: Bearer <api.token>)",

@@ -160,3 +160,18 @@ macro_rules! choice_impls {
 }
 
 choice_impls!(Delivery, LogFormat);
+
+/// A string value that may have been written (or set from the environment)
+/// as a number or boolean: a token of digits is still a token.
+pub(super) fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    match toml::Value::deserialize(d)? {
+        toml::Value::String(s) => Ok(s),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) => Ok(f.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        other => Err(de::Error::custom(format!(
+            "must be a string, got {}",
+            other.type_str()
+        ))),
+    }
+}

@@ -21,6 +21,8 @@ impl Sections {
             kafka: self.kafka,
             state: self.state,
             log: self.log,
+            connect: self.connect,
+            label_studio: self.label_studio,
             rubrics: self.rubrics,
             engine,
         })
@@ -151,6 +153,97 @@ impl Sections {
                 )));
             }
         }
+        self.validate_connect()
+    }
+
+    /// `[connect]` and `[label_studio]` (SPEC §12).
+    fn validate_connect(&self) -> Result<(), ConfigError> {
+        let c = &self.connect;
+        c.listen
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| ConfigError(format!("connect.listen: {e}")))?;
+        in_range(
+            "connect.max_body_bytes",
+            c.max_body_bytes,
+            1,
+            MAX_BODY_BYTES,
+        )?;
+        in_range(
+            "connect.produce_timeout_ms",
+            c.produce_timeout_ms,
+            1,
+            MAX_MILLIS,
+        )?;
+        let l = &self.label_studio;
+        if !l.url.is_empty() {
+            let ok = ["http://", "https://"].iter().any(|scheme| {
+                l.url
+                    .strip_prefix(scheme)
+                    .is_some_and(|rest| !rest.is_empty() && !rest.contains(['?', '#']))
+            });
+            if !ok {
+                return Err(ConfigError(format!(
+                    "label_studio.url: {:?} is not an http:// or https:// base URL",
+                    l.url
+                )));
+            }
+        }
+        if let Some(p) = l.projects.iter().find(|p| **p < 1) {
+            return Err(ConfigError(format!(
+                "label_studio.projects: {p} is not a project id (ids start at 1)"
+            )));
+        }
+        for (control, rubric) in &l.controls {
+            if rubric.is_empty() || rubric.len() > 256 {
+                return Err(ConfigError(format!(
+                    "label_studio.controls.{control}: a voter_prompt_id of 1..=256 bytes"
+                )));
+            }
+        }
+        for (label, v) in &l.values {
+            let ok = match v {
+                toml::Value::Float(f) => (0.0..=1.0).contains(f),
+                toml::Value::Integer(i) => (0..=1).contains(i),
+                toml::Value::Boolean(_) => true,
+                toml::Value::String(s) => crate::input::label_value(s).is_some(),
+                _ => false,
+            };
+            if !ok {
+                return Err(ConfigError(format!(
+                    "label_studio.values.{label}: must be a number in [0, 1], a boolean or a vote \
+                     string (pass, flag, fully, mostly, partial, minor, none), got {v}"
+                )));
+            }
+        }
+        for (k, v) in [
+            ("label_studio.inference_id_field", &l.inference_id_field),
+            ("label_studio.model_id_field", &l.model_id_field),
+            ("label_studio.inference_time_field", &l.inference_time_field),
+        ] {
+            if v.is_empty() {
+                return Err(ConfigError(format!("{k}: must not be empty")));
+            }
+        }
+        seconds(
+            "label_studio.sync_interval_seconds",
+            l.sync_interval_seconds,
+        )?;
+        seconds(
+            "label_studio.sync_lookback_seconds",
+            l.sync_lookback_seconds,
+        )?;
+        in_range(
+            "label_studio.extra_reviews",
+            l.extra_reviews,
+            0,
+            MAX_ANNOTATIONS,
+        )?;
+        in_range(
+            "label_studio.max_annotations",
+            l.max_annotations,
+            1,
+            MAX_ANNOTATIONS,
+        )?;
         Ok(())
     }
 

@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 
-use super::{Metrics, CONTENT_TYPE};
+use super::CONTENT_TYPE;
 
 /// Connections served at the same time.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -48,15 +48,59 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lifetime of one (keep-alive) connection.
 pub const CONNECTION_MAX_AGE: Duration = Duration::from_secs(60);
 
+/// Whether `headers` carry `Authorization: Bearer <token>`, compared
+/// without an early exit (timing does not reveal a prefix).
+pub fn bearer_matches(headers: &axum::http::HeaderMap, token: &str) -> bool {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    })
+}
+
+/// What `/metrics` and `/readyz` show: the service's metrics, or
+/// `connect`'s.
+pub trait Exposition: Send + Sync + 'static {
+    /// The metrics in the text format ([`CONTENT_TYPE`]).
+    fn render(&self) -> String;
+    fn is_ready(&self) -> bool;
+}
+
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<dyn Exposition>,
+}
+
+/// A server's request limits (the query API's are the defaults; `connect`
+/// takes larger bodies and waits for the broker).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub body_bytes: usize,
+    pub request_timeout: Duration,
+    /// Tokio worker threads (0: one current-thread runtime).
+    pub workers: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            body_bytes: MAX_BODY_BYTES,
+            request_timeout: REQUEST_TIMEOUT,
+            workers: 0,
+        }
+    }
 }
 
 /// Every route (with `extra`'s), with the body limit and request timeout.
 /// Unknown paths are `404`; a known path with another method is `405`.
-pub fn router(state: AppState, extra: Router) -> Router {
+pub fn router(state: AppState, extra: Router, limits: Limits) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -64,10 +108,10 @@ pub fn router(state: AppState, extra: Router) -> Router {
         .with_state(state)
         .merge(extra)
         .fallback(not_found)
-        .layer(RequestBodyLimitLayer::new(MAX_BODY_BYTES))
+        .layer(RequestBodyLimitLayer::new(limits.body_bytes))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
-            REQUEST_TIMEOUT,
+            limits.request_timeout,
         ))
         .layer(axum::middleware::map_response(json_errors))
 }
@@ -126,28 +170,47 @@ async fn not_found(uri: axum::http::Uri) -> Response {
 /// picks one). Usable from synchronous code.
 pub fn serve(
     addr: SocketAddr,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
     extra: Router,
+) -> std::io::Result<SocketAddr> {
+    serve_with(addr, metrics, extra, Limits::default())
+}
+
+/// [`serve`] with other [`Limits`].
+pub fn serve_with(
+    addr: SocketAddr,
+    metrics: Arc<dyn Exposition>,
+    extra: Router,
+    limits: Limits,
 ) -> std::io::Result<SocketAddr> {
     let listener = std::net::TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
     listener.set_nonblocking(true)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .enable_time()
-        .build()?;
+    let rt = if limits.workers == 0 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(limits.workers)
+            .thread_name("http-worker")
+            .enable_io()
+            .enable_time()
+            .build()?
+    };
     let listener = {
         let _guard = rt.enter();
         tokio::net::TcpListener::from_std(listener)?
     };
-    let app = router(AppState { metrics }, extra);
+    let app = router(AppState { metrics }, extra, limits);
     std::thread::Builder::new()
         .name("metrics-http".into())
-        .spawn(move || rt.block_on(accept_loop(listener, app)))?;
+        .spawn(move || rt.block_on(accept_loop(listener, app, limits.request_timeout)))?;
     Ok(bound)
 }
 
-async fn accept_loop(listener: tokio::net::TcpListener, app: Router) {
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, request_timeout: Duration) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -180,7 +243,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router) {
                 .is_err()
             {
                 conn.as_mut().graceful_shutdown();
-                let _ = tokio::time::timeout(REQUEST_TIMEOUT, conn).await;
+                let _ = tokio::time::timeout(request_timeout, conn).await;
             }
         });
     }
@@ -349,6 +412,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for HeadGuard<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::Metrics;
     use std::io::{Read, Write};
     use std::net::TcpStream;
 

@@ -27,7 +27,30 @@ use crate::engine::{Counters, ScoreUpdate};
 use family::{CounterFamily, GaugeFamily, SeriesCollector, SeriesTable};
 use rustc_hash::FxHashMap;
 
-pub use http::serve;
+pub use http::{serve, Exposition};
+
+pub mod connect;
+
+/// A registry in the text format 0.0.4 ([`CONTENT_TYPE`]).
+fn render(registry: &Registry) -> String {
+    TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .unwrap_or_else(|e| {
+            // Cannot happen with the metrics of this module.
+            tracing::error!(error = %e, "cannot encode the metrics");
+            String::new()
+        })
+}
+
+impl Exposition for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
+    }
+
+    fn is_ready(&self) -> bool {
+        Metrics::is_ready(self)
+    }
+}
 
 // Every metric name, in one place (dashboards and alert rules use them).
 pub const VOTES_ACCEPTED: &str = "jurystream_votes_accepted_total";
@@ -550,13 +573,7 @@ impl Metrics {
     /// Prometheus text exposition format 0.0.4 ([`CONTENT_TYPE`]). A
     /// labelled family appears once it has a series.
     pub fn render(&self) -> String {
-        TextEncoder::new()
-            .encode_to_string(&self.registry.gather())
-            .unwrap_or_else(|e| {
-                // Cannot happen with the metrics above.
-                tracing::error!(error = %e, "cannot encode the metrics");
-                String::new()
-            })
+        render(&self.registry)
     }
 
     /// The registry's metric families (for tests and future exporters).
