@@ -191,12 +191,7 @@ mod tests {
         assert_eq!(c.refused[0].reason, "malformed_json");
         // NDJSON sent as JSON is read as NDJSON.
         let both = format!("{GOOD}\n{GOOD_INT}\n");
-        let c = check(
-            both.as_bytes(),
-            BodyKind::Json,
-            &rules(),
-        )
-        .unwrap();
+        let c = check(both.as_bytes(), BodyKind::Json, &rules()).unwrap();
         assert_eq!(c.valid.len(), 2);
     }
 

@@ -116,13 +116,15 @@ pub fn router(state: AppState, extra: Router, limits: Limits) -> Router {
         .layer(axum::middleware::map_response(json_errors))
 }
 
-/// An error answer without a body of its own (a `405`, `408`, `413`)
-/// gets a JSON one.
+/// An error answer without a JSON body of its own (a `405`, `408`, or
+/// axum's plain-text `413` "length limit exceeded") gets a JSON one.
 async fn json_errors(r: Response) -> Response {
     let s = r.status();
-    if (s.is_client_error() || s.is_server_error())
-        && !r.headers().contains_key(header::CONTENT_TYPE)
-    {
+    let json = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if (s.is_client_error() || s.is_server_error()) && !json {
         let (mut parts, _) = r.into_parts();
         let body = json_error_body(s);
         parts.headers.insert(

@@ -1,0 +1,221 @@
+//! `jurystream connect`'s `POST /v1/votes` (SPEC §12) against the real
+//! broker, with `run` scoring what it produces: votes answered by index
+//! (objects, arrays, NDJSON), 401 without the token, 413 and 400, and every
+//! accepted vote reaching `run` exactly as a replay of them says. Skipped
+//! when tansu is not installed, unless JURYSTREAM_REQUIRE_BROKER=1.
+
+mod kafka_support;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kafka_support::*;
+use serde_json::Value;
+
+const TOKEN: &str = "connect-s3cret";
+
+/// `connect` as a child process, with its listener on `port`.
+pub struct Connect {
+    child: Child,
+    pub port: u16,
+    pub log: std::path::PathBuf,
+}
+
+impl Connect {
+    pub fn start(config: &Path, dir: &Path, env: &[(&str, &str)]) -> Connect {
+        let port = free_port();
+        let log = dir.join("connect.log");
+        let listen = format!("127.0.0.1:{port}");
+        let child = Command::new(BIN)
+            .args(["connect", "--config"])
+            .arg(config)
+            .env("JURYSTREAM_LOG", "info,rdkafka=warn")
+            .env("JURYSTREAM_CONNECT__LISTEN", &listen)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start jurystream connect");
+        let c = Connect { child, port, log };
+        wait_for("connect's /readyz", Duration::from_secs(60), || {
+            (request(port, "GET", "/readyz", &[], b"").map(|r| r.0) == Some(200)).then_some(())
+        });
+        c
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Connect {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One HTTP/1.1 request on a new connection: (status, body).
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).ok()?;
+    // A refused body (413) may close the connection before it is sent.
+    let _ = s.write_all(body);
+    let mut text = Vec::new();
+    let _ = s.read_to_end(&mut text);
+    let text = String::from_utf8_lossy(&text).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+fn post_votes(port: u16, content_type: &str, body: &[u8]) -> (u16, Value) {
+    let auth = format!("Bearer {TOKEN}");
+    let (code, body) = request(
+        port,
+        "POST",
+        "/v1/votes",
+        &[("Authorization", &auth), ("Content-Type", content_type)],
+        body,
+    )
+    .expect("connect answers");
+    (
+        code,
+        serde_json::from_str(&body).unwrap_or(Value::String(body)),
+    )
+}
+
+fn rejected(answer: &Value) -> Vec<(u64, String)> {
+    answer["rejected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert!(r["detail"].as_str().is_some_and(|d| !d.is_empty()), "{r}");
+            (
+                r["index"].as_u64().unwrap(),
+                r["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn votes_are_answered_by_index_and_reach_run_exactly() {
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "connect", 2, "exactly_once_outbox", "");
+    create_topic(&setup.bootstrap, &setup.input_topic, 2);
+    let generated = setup.dir.path().join("generated.jsonl");
+    generate_votes(&generated, 400, 5);
+    // The generator's valid lines (its broken ones are the test's own below).
+    let valid: Vec<String> = std::fs::read_to_string(&generated)
+        .unwrap()
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).is_ok())
+        .map(str::to_owned)
+        .collect();
+    assert!(valid.len() > 350);
+    let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
+    let connect = Connect::start(
+        &setup.config,
+        setup.dir.path(),
+        &[
+            ("JURYSTREAM_CONNECT__TOKEN", TOKEN),
+            ("JURYSTREAM_CONNECT__MAX_BODY_BYTES", "200000"),
+        ],
+    );
+    let port = connect.port;
+
+    // No token: 401, JSON.
+    let (code, body) = request(port, "POST", "/v1/votes", &[], valid[0].as_bytes()).unwrap();
+    assert_eq!(code, 401, "{body}");
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["error"].is_string());
+
+    // A JSON array with three bad votes among 100 good ones.
+    let mut array: Vec<String> = valid[..100].to_vec();
+    array.insert(5, r#"{"inference_id": "x", "voter_prompt_id": "r", "vote": 1, "timestamp": "2024-07-07T00:00:00Z"}"#.into());
+    array.insert(50, r#"{"inference_id": "x", "voter_id": "v", "voter_prompt_id": "r", "vote": 2.5, "timestamp": "2024-07-07T00:00:00Z"}"#.into());
+    array.insert(77, "\"not a vote\"".into());
+    let body = format!("[{}]", array.join(",\n"));
+    let (code, answer) = post_votes(port, "application/json", body.as_bytes());
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["accepted"], 100);
+    assert_eq!(
+        rejected(&answer),
+        [
+            (5, "missing_field".to_owned()),
+            (50, "invalid_field".to_owned()),
+            (77, "malformed_json".to_owned())
+        ]
+    );
+
+    // NDJSON: the rest, with a blank line (not a vote) and a broken one.
+    let mut lines: Vec<String> = valid[100..valid.len() - 1].to_vec();
+    lines.insert(10, String::new());
+    lines.insert(20, "{\"inference_id\": ".into());
+    let (code, answer) = post_votes(port, "application/x-ndjson", lines.join("\n").as_bytes());
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(
+        answer["accepted"].as_u64().unwrap() as usize,
+        valid.len() - 101
+    );
+    // The blank line is not a vote: the broken one is vote 19.
+    assert_eq!(rejected(&answer), [(19, "malformed_json".to_owned())]);
+
+    // One object.
+    let (code, answer) = post_votes(port, "application/json", valid.last().unwrap().as_bytes());
+    assert_eq!(
+        (code, answer["accepted"].as_u64()),
+        (200, Some(1)),
+        "{answer}"
+    );
+
+    // Too large: 413; neither JSON nor NDJSON: 400; both JSON errors.
+    let big = format!("[{}]", vec![valid[0].as_str(); 2000].join(","));
+    let (code, answer) = post_votes(port, "application/json", big.as_bytes());
+    assert_eq!(code, 413, "{answer}");
+    assert!(answer["error"].is_string(), "{answer}");
+    let (code, answer) = post_votes(port, "application/json", b"hello");
+    assert_eq!(code, 400, "{answer}");
+    assert!(answer["error"].is_string(), "{answer}");
+
+    // run scored exactly the accepted votes, in the order sent.
+    let accepted = setup.dir.path().join("accepted.jsonl");
+    std::fs::write(&accepted, valid.join("\n") + "\n").unwrap();
+    let expected = replay(&setup.config, &accepted);
+    assert!(expected.len() > 50);
+    wait_for_events(&setup, &expected, Duration::from_secs(120), &svc);
+    assert_same_events(&setup, &expected);
+
+    // The counters say the same.
+    let (_, metrics) = request(port, "GET", "/metrics", &[], b"").unwrap();
+    for line in [
+        format!(
+            "jurystream_connect_votes_total{{result=\"produced\",source=\"api\"}} {}",
+            valid.len()
+        ),
+        "jurystream_connect_votes_total{result=\"rejected\",source=\"api\"} 4".to_owned(),
+    ] {
+        assert!(metrics.contains(&line), "{line} not in\n{metrics}");
+    }
+    assert!(!connect.log_text().contains("panicked"));
+}
