@@ -1,8 +1,9 @@
 //! Label Studio's API, as `connect`'s sync and routing use it (blocking,
 //! on their own threads). Two kinds of token: a legacy API token
 //! (`Authorization: Token …`) and a personal access token, a JWT refresh
-//! token exchanged at `POST /api/token/refresh` for short-lived access
-//! tokens (`Authorization: Bearer …`), refreshed when one is refused.
+//! token exchanged at `POST /api/token/refresh/` for short-lived access
+//! tokens (`Authorization: Bearer …`, 5 minutes in 1.23), refreshed when
+//! one is refused. docs/label-studio.md has the calls as measured.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -66,7 +67,7 @@ impl Client {
         }
         let mut access = self.access.lock().unwrap_or_else(|p| p.into_inner());
         if refresh || access.is_none() {
-            let url = format!("{}/api/token/refresh", self.base);
+            let url = format!("{}/api/token/refresh/", self.base);
             let mut r = self
                 .agent
                 .post(&url)
@@ -170,25 +171,83 @@ impl Client {
         self.get(&format!("/api/projects/{id}/"))
     }
 
-    /// The tasks of `project` with their annotations, one page.
-    /// `(tasks, more)`.
-    pub fn tasks_page(&self, project: i64, page: u32) -> Result<(Vec<Value>, bool), CallError> {
-        let v = match self.get(&format!(
-            "/api/tasks/?project={project}&fields=all&page={page}&page_size={PAGE_SIZE}"
-        )) {
+    /// The tasks of `project` updated at or after `since` (Label Studio's
+    /// clock), oldest first, with their annotations (skipped ones too), at
+    /// most [`PAGE_SIZE`]; `page` counts pages of tasks updated at the same
+    /// `since`. The caller pages by key: the next call starts at the last
+    /// task's `updated_at` (page numbers alone would skip a task updated
+    /// during the sync, as it moves to the end).
+    pub fn tasks_since(
+        &self,
+        project: i64,
+        since: &str,
+        page: u32,
+    ) -> Result<Vec<Value>, CallError> {
+        let query = serde_json::json!({
+            "filters": {"conjunction": "and", "items": [{
+                "filter": "filter:tasks:updated_at",
+                "operator": "greater_or_equal",
+                "type": "Datetime",
+                "value": since,
+            }]},
+            "ordering": ["tasks:updated_at"],
+        });
+        let v = self.get(&format!(
+            "/api/tasks/?project={project}&fields=all&page={page}&page_size={PAGE_SIZE}\
+             &include=id,data,updated_at,annotations,completed_by,was_cancelled,result\
+             &query={}",
+            percent_encode(&query.to_string())
+        ));
+        let v = match v {
             // Past the last page.
-            Err(CallError::NotFound) => return Ok((Vec::new(), false)),
+            Err(CallError::NotFound) => return Ok(Vec::new()),
             other => other?,
         };
-        let tasks = match &v {
-            Value::Array(a) => a.clone(),
-            _ => v["tasks"]
-                .as_array()
-                .or_else(|| v["results"].as_array())
-                .cloned()
-                .unwrap_or_default(),
-        };
-        let more = tasks.len() as u32 == PAGE_SIZE;
-        Ok((tasks, more))
+        Ok(v["tasks"].as_array().cloned().unwrap_or_default())
+    }
+}
+
+/// A query parameter's value, percent-encoded (RFC 3986 unreserved kept).
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// An instant as Label Studio's task filter takes it (exactly
+/// `%Y-%m-%dT%H:%M:%S.%fZ`; any other form is a 500).
+pub fn filter_time(t: crate::time::Nanos) -> String {
+    let s = crate::time::format_timestamp(t);
+    // format_timestamp: "YYYY-MM-DDThh:mm:ss[.fffffffff]Z".
+    let (whole, frac) = match s.trim_end_matches('Z').split_once('.') {
+        Some((w, f)) => (w.to_owned(), f.to_owned()),
+        None => (s.trim_end_matches('Z').to_owned(), String::new()),
+    };
+    let micros: String = frac.chars().chain(std::iter::repeat('0')).take(6).collect();
+    format!("{whole}.{micros}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_times_have_six_fraction_digits() {
+        let t = |s: &str| crate::time::parse_timestamp(s).unwrap();
+        assert_eq!(
+            filter_time(t("2026-11-26T01:19:30Z")),
+            "2026-11-26T01:19:30.000000Z"
+        );
+        assert_eq!(
+            filter_time(t("2026-11-26T01:19:30.123456789Z")),
+            "2026-11-26T01:19:30.123456Z"
+        );
+        assert_eq!(percent_encode("a b{\"x\"}"), "a%20b%7B%22x%22%7D");
     }
 }

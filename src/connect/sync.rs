@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::error::ConnectError;
-use super::ls::{CallError, Client};
+use super::ls::{filter_time, CallError, Client, PAGE_SIZE};
 use super::mapping::{annotation_votes, MappedVote, Mapping, Project};
 use super::produce::Producer;
 use crate::telemetry::connect::{ConnectMetrics, Source, VoteResult};
@@ -174,8 +174,15 @@ impl Sync {
                 Err(CallError::NotFound) => continue,
                 Err(CallError::Other(e)) => return Err(e),
             };
-            for page in 1.. {
-                let (tasks, more) = self.client.tasks_page(id, page).map_err(call_error)?;
+            // Keyset pages: from the last task's updated_at on (a page of
+            // tasks that all share it is followed by the next page number).
+            let mut cursor = filter_time(since);
+            let mut page = 1;
+            loop {
+                let tasks = self
+                    .client
+                    .tasks_since(id, &cursor, page)
+                    .map_err(call_error)?;
                 let votes = votes_since(&self.mapping, &project, &tasks, Some(since));
                 if !votes.is_empty() {
                     let pairs: Vec<(&str, &[u8])> = votes
@@ -196,8 +203,20 @@ impl Sync {
                     produced += votes.len();
                     missed += lost;
                 }
-                if !more {
+                if (tasks.len() as u32) < PAGE_SIZE {
                     break;
+                }
+                let last = tasks
+                    .last()
+                    .and_then(|t| t["updated_at"].as_str())
+                    .and_then(|t| parse_timestamp(t).ok())
+                    .map(filter_time);
+                match last {
+                    Some(t) if t != cursor => {
+                        cursor = t;
+                        page = 1;
+                    }
+                    _ => page += 1,
                 }
             }
         }
