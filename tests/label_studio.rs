@@ -1,0 +1,314 @@
+//! The review loop end to end (SPEC §12, issue 32) on a real Label Studio
+//! (1.23.2, `scripts/label-studio.sh`) and the real broker: three
+//! reviewers annotate four tasks through Label Studio's API (one edit, one
+//! skip, one disputed task); Label Studio's webhooks reach `connect`, which
+//! produces the votes; `run` scores them; the flag goes back to Label
+//! Studio, which then serves the disputed task to a reviewer who has not
+//! seen it. Then `connect` is stopped while a reviewer annotates, and its
+//! sync recovers the missed votes. The Label Studio side is
+//! `tests/label_studio/e2e.py` (its own reading of §12 gives the expected
+//! votes). Fails instead of skipping under JURYSTREAM_REQUIRE_BROKER=1.
+
+mod kafka_support;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kafka_support::*;
+use serde_json::Value;
+
+const HOOK_TOKEN: &str = "hook-s3cret";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Label Studio, started by the project's script; stopped on drop.
+struct LabelStudio {
+    port: u16,
+    url: String,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl LabelStudio {
+    fn start() -> Option<LabelStudio> {
+        let script = root().join("scripts/label-studio.sh");
+        let installed = Command::new("bash")
+            .arg(&script)
+            .arg("install")
+            .env("JURYSTREAM_LS_NO_INSTALL", "1")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false);
+        if !installed {
+            skip_or_fail(
+                "Label Studio 1.23.2 is not installed",
+                "scripts/label-studio.sh install (scripts/test.sh runs it)",
+            );
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let out = Command::new("bash")
+            .arg(&script)
+            .args(["start", &port.to_string()])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "Label Studio did not start:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let env = Command::new("bash")
+            .arg(&script)
+            .args(["env", &port.to_string()])
+            .output()
+            .unwrap();
+        let env = String::from_utf8_lossy(&env.stdout).into_owned();
+        let var = |k: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{k} not in {env}"))
+                .trim_matches('\'')
+                .to_owned()
+        };
+        Some(LabelStudio {
+            port,
+            url: var("LS_URL"),
+            token: var("LS_TOKEN"),
+            _dir: dir,
+        })
+    }
+
+    /// One step of tests/label_studio/e2e.py: its JSON answer.
+    fn step(&self, args: &[&str]) -> Value {
+        let out = Command::new("python3")
+            .arg(root().join("tests/label_studio/e2e.py"))
+            .args(["--url", &self.url, "--token", &self.token])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "e2e.py {args:?} failed:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for LabelStudio {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(root().join("scripts/label-studio.sh"))
+            .args(["stop", &self.port.to_string()])
+            .output();
+    }
+}
+
+/// `jurystream connect` on `port`.
+struct Connect {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Connect {
+    fn start(config: &Path, dir: &Path, port: u16, env: &[(&str, &str)]) -> Connect {
+        let log = dir.join(format!("connect-{}.log", std::process::id()));
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(["connect", "--config"])
+            .arg(config)
+            .env("JURYSTREAM_LOG", "info,rdkafka=warn")
+            .env("JURYSTREAM_CONNECT__LISTEN", format!("127.0.0.1:{port}"))
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        wait_for("connect's /readyz", Duration::from_secs(60), || {
+            (http(port, "/readyz").map(|r| r.0) == Some(200)).then_some(())
+        });
+        Connect { child, log }
+    }
+
+    fn stop(&mut self) {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let child = &mut self.child;
+        wait_for("connect to stop", Duration::from_secs(30), || {
+            child.try_wait().unwrap()
+        });
+    }
+}
+
+impl Drop for Connect {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET path`: (status, body).
+fn http(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.split_whitespace().nth(1)?.parse().ok()?, body.to_owned()))
+}
+
+/// A counter's value in connect's exposition.
+fn counter(port: u16, series: &str) -> f64 {
+    let (_, text) = http(port, "/metrics").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The input topic's messages, as normalized JSON, in offset order.
+fn input_votes(setup: &Setup) -> Vec<String> {
+    read_records(&setup.bootstrap, std::slice::from_ref(&setup.input_topic))
+        .into_iter()
+        .map(|r| normalize(&r.value))
+        .collect()
+}
+
+fn expected_votes(ls: &LabelStudio, state: &Path) -> BTreeSet<String> {
+    ls.step(&["expected", "--state", state.to_str().unwrap()])["votes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(normalize)
+        .collect()
+}
+
+#[test]
+fn label_studio_votes_flags_and_lost_webhooks_close_the_loop() {
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let Some(ls) = LabelStudio::start() else {
+        return;
+    };
+    let hook_port = free_port();
+    let extra = format!(
+        r#"
+[connect]
+token = "{HOOK_TOKEN}"
+produce_timeout_ms = 5000
+
+[label_studio]
+url = "{url}"
+token = "{token}"
+sync_interval_seconds = 0
+extra_reviews = 2
+max_annotations = 10
+"#,
+        url = ls.url,
+        token = ls.token,
+    );
+    // One partition, so that the input topic's order is one replay; 10 s
+    // windows so that the flag comes within seconds.
+    let setup = Setup::new(&broker, "lsloop", 1, "exactly_once_outbox", &extra);
+    let config = std::fs::read_to_string(&setup.config)
+        .unwrap()
+        .replace("[batching]\n", "[batching]\nwindow_seconds = 10\ngrace_seconds = 1\n");
+    std::fs::write(&setup.config, config).unwrap();
+    create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
+    let mut connect = Connect::start(&setup.config, setup.dir.path(), hook_port, &[]);
+
+    // 1. Reviewers annotate; the webhooks bring the votes (sync is off).
+    let state = setup.dir.path().join("ls-state.json");
+    let hook = format!("http://127.0.0.1:{hook_port}/hooks/label-studio");
+    let made = ls.step(&[
+        "scenario",
+        "--hook",
+        &hook,
+        "--hook-token",
+        HOOK_TOKEN,
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(made["versions"], 13, "{made}");
+    let want = expected_votes(&ls, &state);
+    // 12 annotations of 3 controls, the skip as 3 abstentions, the edit.
+    assert_eq!(want.len(), 13 * 3, "{want:#?}");
+    let have = wait_for("the webhooks' votes on the input topic", Duration::from_secs(60), || {
+        let have = input_votes(&setup);
+        (have.len() >= want.len()).then_some(have)
+    });
+    let distinct: BTreeSet<String> = have.iter().cloned().collect();
+    assert_eq!(
+        distinct, want,
+        "the input topic holds exactly the votes §12 maps from the annotations"
+    );
+    assert_eq!(have.len(), want.len(), "one message per vote");
+
+    // 2. run's events are a replay of the input topic.
+    let dump = setup.dir.path().join("input.jsonl");
+    std::fs::write(&dump, have.join("\n") + "\n").unwrap();
+    let expected_events = replay(&setup.config, &dump);
+    let flags: Vec<&Value> = expected_events
+        .iter()
+        .filter(|e| e["type"] == "ambiguity_flagged")
+        .collect();
+    assert!(
+        flags.iter().any(|f| f["inference_id"] == "ls-inf-1"),
+        "task 1 is disputed: {flags:?}"
+    );
+    wait_for_events(&setup, &expected_events, Duration::from_secs(90), &svc);
+    assert_same_events(&setup, &expected_events);
+
+    // 3. The flag went back: Label Studio serves task 1 to reviewer 4.
+    let routed = wait_for("the disputed task routed back", Duration::from_secs(60), || {
+        let r = ls.step(&["routed", "--state", state.to_str().unwrap()]);
+        (r["is_labeled"] == false && r["overlap"].as_u64() > r["overlap_before"].as_u64())
+            .then_some(r)
+    });
+    assert_eq!(routed["overlap"], 5, "3 annotations + 2 more reviews: {routed}");
+    assert_eq!(routed["served"], routed["task"], "{routed}");
+    assert!(counter(hook_port, "jurystream_connect_routing_total{result=\"requested\"}") >= 1.0);
+
+    // 4. connect is down while reviewer 4 annotates: Label Studio's webhook
+    // fails and is not retried; the sync of a restarted connect recovers it.
+    connect.stop();
+    let missed = ls.step(&["annotate-missed", "--state", state.to_str().unwrap()]);
+    let before = input_votes(&setup).len();
+    assert_eq!(before, have.len(), "nothing reached Kafka while connect was down");
+    let _connect = Connect::start(
+        &setup.config,
+        setup.dir.path(),
+        hook_port,
+        &[("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS", "1")],
+    );
+    let want = expected_votes(&ls, &state);
+    wait_for("the sync to recover the missed votes", Duration::from_secs(60), || {
+        let have: BTreeSet<String> = input_votes(&setup).into_iter().collect();
+        (have == want).then_some(())
+    });
+    assert!(
+        counter(hook_port, "jurystream_connect_sync_missed_votes_total") >= 3.0,
+        "the three recovered votes were counted as missed ({missed})"
+    );
+    assert!(
+        !std::fs::read_to_string(&connect.log)
+            .unwrap_or_default()
+            .contains("panicked"),
+    );
+}
