@@ -957,7 +957,10 @@ fn connect_alerts() {
     );
     // Every alert of the group is one of these: a new one needs its checks.
     let in_group = group.matches("- alert: ").count();
-    assert_eq!(in_group, 5, "group jurystream.connect has {in_group} alerts");
+    assert_eq!(
+        in_group, 5,
+        "group jurystream.connect has {in_group} alerts"
+    );
 }
 
 /// The dashboard's row "Label Studio intake (connect)": below every other
@@ -1005,13 +1008,13 @@ fn connect_dashboard_row() {
         .flat_map(|p| p["targets"].as_array().unwrap().iter())
         .map(|t| t["expr"].as_str().unwrap().to_owned())
         .collect();
-    let any = |needles: &[&str]| -> bool {
-        exprs
-            .iter()
-            .any(|e| needles.iter().all(|n| e.contains(n)))
-    };
+    let any =
+        |needles: &[&str]| -> bool { exprs.iter().any(|e| needles.iter().all(|n| e.contains(n))) };
     for needles in [
-        &["sum by (source, result)", "rate(jurystream_connect_votes_total["][..],
+        &[
+            "sum by (source, result)",
+            "rate(jurystream_connect_votes_total[",
+        ][..],
         &["sum by (action)", "rate(jurystream_connect_webhooks_total["],
         &["increase(jurystream_connect_sync_runs_total["],
         &["increase(jurystream_connect_sync_missed_votes_total["],
@@ -1103,7 +1106,11 @@ fn yaml_items(block: &[&str]) -> Vec<Vec<String>> {
     for l in block {
         let t = l.trim_start();
         if Some(l.len() - t.len()) == indent && t.starts_with("- ") {
-            items.push(vec![format!("{}{}", " ".repeat(indent.unwrap() + 2), &t[2..])]);
+            items.push(vec![format!(
+                "{}{}",
+                " ".repeat(indent.unwrap() + 2),
+                &t[2..]
+            )]);
         } else if let Some(item) = items.last_mut() {
             item.push((*l).to_owned());
         }
@@ -1199,13 +1206,19 @@ fn k8s_connect_manifests() {
             var("JURYSTREAM_CONNECT__TOKEN").is_some_and(|(_, _, s)| s.is_some()),
             "{name}: JURYSTREAM_CONNECT__TOKEN from a Secret"
         );
-        let sync = var("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS").and_then(|(_, v, _)| v.clone());
+        let sync =
+            var("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS").and_then(|(_, v, _)| v.clone());
         let replicas = yaml_scalar(doc, 2, "replicas").unwrap_or_default();
         if name == "jurystream-connect" {
-            assert!(replicas.parse::<u32>().is_ok_and(|r| r >= 2), "{name}: replicas {replicas}");
+            assert!(
+                replicas.parse::<u32>().is_ok_and(|r| r >= 2),
+                "{name}: replicas {replicas}"
+            );
             assert_eq!(sync.as_deref(), Some("0"), "{name}: must not sync");
             assert_eq!(
-                var("JURYSTREAM_LABEL_STUDIO__EXTRA_REVIEWS").and_then(|(_, v, _)| v.clone()).as_deref(),
+                var("JURYSTREAM_LABEL_STUDIO__EXTRA_REVIEWS")
+                    .and_then(|(_, v, _)| v.clone())
+                    .as_deref(),
                 Some("0"),
                 "{name}: must not route"
             );
@@ -1232,7 +1245,10 @@ fn k8s_connect_manifests() {
     // runbook and in the manifest's comment.
     assert!(!secret_refs.is_empty());
     for (secret, key) in &secret_refs {
-        for (what, text) in [("docs/operations.md", &ops), ("connect-deployment.yaml", &text)] {
+        for (what, text) in [
+            ("docs/operations.md", &ops),
+            ("connect-deployment.yaml", &text),
+        ] {
             let cmd = text
                 .find(&format!("kubectl create secret generic {secret}"))
                 .map(|i| &text[i..])
@@ -1255,11 +1271,14 @@ fn k8s_connect_manifests() {
             .get(name)
             .unwrap_or_else(|| panic!("connect-service.yaml: no Service {name}"));
         let lines: Vec<&str> = svc.lines().collect();
-        assert_eq!(yaml_value(&lines, "port").as_deref(), Some("9465"), "Service {name}");
+        assert_eq!(
+            yaml_value(&lines, "port").as_deref(),
+            Some("9465"),
+            "Service {name}"
+        );
         // the Service selects its Deployment's pods by component
-        let component = |d: &str| {
-            yaml_value(&yaml_block(d, "selector"), "app.kubernetes.io/component")
-        };
+        let component =
+            |d: &str| yaml_value(&yaml_block(d, "selector"), "app.kubernetes.io/component");
         assert_eq!(
             component(svc),
             component(deployments[name]),
@@ -1296,6 +1315,9 @@ fn k8s_connect_manifests() {
         "connect-poddisruptionbudget.yaml",
         "connect-podmonitor.yaml",
     ] {
-        assert!(kust.contains(&format!("  - {f}\n")), "kustomization.yaml: {f}");
+        assert!(
+            kust.contains(&format!("  - {f}\n")),
+            "kustomization.yaml: {f}"
+        );
     }
 }
