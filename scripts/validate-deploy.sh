@@ -7,12 +7,16 @@
 #     the oldest and newest Kubernetes versions it bundles that we support;
 #     the PodMonitor (a CRD, not bundled) gets a structural check
 #   - the manifests agree with each other (selectors, ports, probes, state.dir,
-#     metrics.listen, grace period above kafka.shutdown_timeout_ms)
+#     metrics.listen, grace period above kafka.shutdown_timeout_ms), also
+#     those of `jurystream connect` (connect-*.yaml: two Deployments, only one
+#     of them syncing, their Services, Secret, PodMonitor, and the same Kafka
+#     settings as the processor)
 #   - docker-compose.yml against the Compose Specification schema bundled in
 #     check-jsonschema (vendor.compose-spec), and the files it mounts exist
 #   - the Grafana dashboard: every panel has targets with an expr, every
 #     datasource is ${datasource}, the model/rubric variables are there
-#   - the jurystream config files load in jurystream itself (when built)
+#   - the jurystream config files load in jurystream itself (when built; the
+#     connect ones when that binary has the connect command)
 #
 # The validators are installed once (pinned) into a virtualenv under
 # $HOME/.cache; after that no network is used.
@@ -63,7 +67,7 @@ step "Kubernetes schemas (kubernetes-validate --strict)"
 k8s_files=()
 for f in deploy/k8s/*.yaml; do
     case "$(basename "$f")" in
-        kustomization.yaml | podmonitor.yaml) ;; # not built-in kinds: checked below
+        kustomization.yaml | podmonitor.yaml | connect-podmonitor.yaml) ;; # not built-in kinds: checked below
         *) k8s_files+=("$f") ;;
     esac
 done
@@ -213,11 +217,150 @@ for key in pms:
     if key not in allowed:
         err(f"PodMonitor spec.{key}: not expected")
 
+# ---- jurystream connect (SPEC §12): connect-*.yaml.
+def docs_of(path, kind):
+    out = [x for x in docs.get(path, []) if x.get("kind") == kind]
+    if not out:
+        err(f"{path}: no {kind}")
+    return out
+
+def by_name(items):
+    return {x.get("metadata", {}).get("name"): x for x in items}
+
+cdeps = by_name(docs_of(k + "connect-deployment.yaml", "Deployment"))
+csvcs = by_name(docs_of(k + "connect-service.yaml", "Service"))
+ccm = one(k + "connect-configmap.yaml", "ConfigMap")
+cpm = one(k + "connect-podmonitor.yaml", "PodMonitor")
+cpdb = one(k + "connect-poddisruptionbudget.yaml", "PodDisruptionBudget")
+CONNECT_DEPLOYMENTS = ("jurystream-connect", "jurystream-connect-label-studio")
+for name in CONNECT_DEPLOYMENTS:
+    if name not in cdeps:
+        err(f"connect-deployment.yaml: no Deployment {name}")
+    if name not in csvcs:
+        err(f"connect-service.yaml: no Service {name}")
+try:
+    cconf = tomllib.loads(ccm.get("data", {}).get("config.toml", ""))
+except Exception as e:  # noqa: BLE001
+    err(f"connect ConfigMap config.toml does not parse: {e}")
+    cconf = {}
+with open(os.path.join(tmp, "k8s-connect-config.toml"), "w") as f:
+    f.write(ccm.get("data", {}).get("config.toml", ""))
+if cconf.get("connect", {}).get("listen") != "0.0.0.0:9465":
+    err("connect ConfigMap: connect.listen must be 0.0.0.0:9465 in a pod")
+# connect produces what `run` consumes and routes what it flags.
+for section, key, default in (("kafka", "brokers", None), ("kafka", "group_id", None),
+                              ("kafka", "input_topics", None), ("outputs", "flags_topic", "jury.flags")):
+    a = cconf.get(section, {}).get(key, default)
+    b = conf.get(section, {}).get(key, default)
+    if key == "input_topics":
+        a, b = (a or [None])[:1], (b or [None])[:1]
+    if a != b:
+        err(f"connect ConfigMap: {section}.{key} {a!r} differs from the processor's {b!r}")
+produce_ms = cconf.get("connect", {}).get("produce_timeout_ms", 10000)
+pod_sets = {}
+for name, dep in cdeps.items():
+    dspec = dep.get("spec", {})
+    dtmpl = dspec.get("template", {})
+    labels = dtmpl.get("metadata", {}).get("labels", {})
+    pod_sets[name] = labels
+    dpod = dtmpl.get("spec", {})
+    dsel = dspec.get("selector", {}).get("matchLabels", {})
+    if not dsel or any(labels.get(a) != b for a, b in dsel.items()):
+        err(f"Deployment {name}: selector does not match its pod labels")
+    if labels.get("app.kubernetes.io/name") != "jurystream-connect":
+        err(f"Deployment {name}: pod label app.kubernetes.io/name must be jurystream-connect (job label)")
+    if labels.get("app.kubernetes.io/name") == pod_labels.get("app.kubernetes.io/name"):
+        err(f"Deployment {name}: its pods would join the processor's Service, PDB and PodMonitor")
+    cc = (dpod.get("containers") or [{}])[0]
+    cargs = cc.get("args", [])
+    if cargs[:1] != ["connect"]:
+        err(f"Deployment {name}: args must start with connect")
+    cports = {p.get("name"): p.get("containerPort") for p in cc.get("ports", [])}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        g = cc.get(probe, {}).get("httpGet", {})
+        port = cports.get(g.get("port"), g.get("port"))
+        if g.get("path") != path or port != 9465:
+            err(f"Deployment {name}: {probe} is not GET {path} on port 9465")
+    for r in ("requests", "limits"):
+        res = cc.get("resources", {}).get(r, {})
+        if not res.get("cpu") or not res.get("memory"):
+            err(f"Deployment {name}: resources.{r} must set cpu and memory")
+    if dpod.get("securityContext", {}).get("runAsNonRoot") is not True:
+        err(f"Deployment {name}: securityContext.runAsNonRoot must be true")
+    if not dpod.get("terminationGracePeriodSeconds", 30) * 1000 > produce_ms:
+        err(f"Deployment {name}: terminationGracePeriodSeconds must exceed connect.produce_timeout_ms")
+    cmounts = {m["name"]: m["mountPath"] for m in cc.get("volumeMounts", [])}
+    cfg = cargs[cargs.index("--config") + 1] if "--config" in cargs else None
+    ccm_vols = {v["name"] for v in dpod.get("volumes", [])
+                if v.get("configMap", {}).get("name") == ccm.get("metadata", {}).get("name")}
+    if not cfg or not any(os.path.dirname(cfg) == cmounts.get(n) for n in ccm_vols):
+        err(f"Deployment {name}: --config does not point into the mounted connect ConfigMap")
+    cenv = {e["name"]: e for e in cc.get("env", [])}
+    for e in cenv.values():
+        ref = e.get("valueFrom", {}).get("secretKeyRef")
+        if ref and ref.get("name") != "jurystream-connect":
+            err(f"Deployment {name}: env {e['name']} reads Secret {ref.get('name')}, not jurystream-connect")
+    if "JURYSTREAM_CONNECT__TOKEN" not in cenv:
+        err(f"Deployment {name}: no JURYSTREAM_CONNECT__TOKEN")
+    sync = cenv.get("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS", {}).get(
+        "value", str(cconf.get("label_studio", {}).get("sync_interval_seconds", 60)))
+    if name == "jurystream-connect":
+        # Never the sync, never the routing: those belong to the one pod below.
+        if sync != "0":
+            err("Deployment jurystream-connect: must set JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS=0")
+        if cenv.get("JURYSTREAM_LABEL_STUDIO__EXTRA_REVIEWS", {}).get("value") != "0":
+            err("Deployment jurystream-connect: must set JURYSTREAM_LABEL_STUDIO__EXTRA_REVIEWS=0")
+        if (dspec.get("replicas") or 1) < 2:
+            err("Deployment jurystream-connect: at least 2 replicas")
+    if name == "jurystream-connect-label-studio":
+        if dspec.get("replicas") != 1:
+            err("Deployment jurystream-connect-label-studio: exactly 1 replica (the only one that syncs)")
+        if dspec.get("strategy", {}).get("type") != "Recreate":
+            err("Deployment jurystream-connect-label-studio: strategy Recreate (never two syncing pods)")
+        if sync == "0":
+            err("Deployment jurystream-connect-label-studio: must sync")
+        if "JURYSTREAM_LABEL_STUDIO__TOKEN" not in cenv:
+            err("Deployment jurystream-connect-label-studio: no JURYSTREAM_LABEL_STUDIO__TOKEN")
+# Selectors: each Service reaches its own Deployment's pods and no other.
+def sel_matches(selector, labels):
+    return bool(selector) and all(labels.get(a) == b for a, b in selector.items())
+for name, s in csvcs.items():
+    ssel = s.get("spec", {}).get("selector", {})
+    hit = [d for d, labels in pod_sets.items() if sel_matches(ssel, labels)]
+    if hit != [name]:
+        err(f"Service {name}: selects the pods of {hit}, must select exactly those of Deployment {name}")
+    sports = s.get("spec", {}).get("ports", [])
+    if not any(p.get("port") == 9465 and p.get("targetPort") in ("http", 9465) for p in sports):
+        err(f"Service {name}: must expose port 9465 (targetPort http)")
+names = list(pod_sets)
+for i, a in enumerate(names):
+    for b in names[i + 1:]:
+        sa = cdeps[a].get("spec", {}).get("selector", {}).get("matchLabels", {})
+        if sel_matches(sa, pod_sets[b]):
+            err(f"Deployments {a} and {b} have overlapping selectors")
+if [d for d, labels in pod_sets.items()
+        if sel_matches(cpdb.get("spec", {}).get("selector", {}).get("matchLabels", {}), labels)] != ["jurystream-connect"]:
+    err("connect PodDisruptionBudget must select the pods of Deployment jurystream-connect only")
+if cpm.get("apiVersion") != "monitoring.coreos.com/v1":
+    err("connect PodMonitor apiVersion must be monitoring.coreos.com/v1")
+cpms = cpm.get("spec", {})
+if sorted(d for d, labels in pod_sets.items()
+          if sel_matches(cpms.get("selector", {}).get("matchLabels", {}), labels)) != sorted(CONNECT_DEPLOYMENTS):
+    err("connect PodMonitor must select the pods of both connect Deployments")
+if any(labels.get(cpms.get("jobLabel")) != "jurystream-connect" for labels in pod_sets.values()):
+    err("connect PodMonitor jobLabel must name a pod label whose value is 'jurystream-connect'")
+ceps = cpms.get("podMetricsEndpoints", [])
+if not ceps or any(e.get("port") != "http" or e.get("path", "/metrics") != "/metrics" for e in ceps):
+    err("connect PodMonitor must scrape /metrics on port http")
+for key in cpms:
+    if key not in allowed:
+        err(f"connect PodMonitor spec.{key}: not expected")
+
 # ---- Compose: referenced files exist, config agrees.
 cdir = os.path.join(deploy, "compose")
 comp = docs.get("deploy/compose/docker-compose.yml", [{}])[0]
 services = comp.get("services", {})
-for name in ("kafka", "jurystream", "prometheus", "grafana"):
+for name in ("kafka", "jurystream", "connect", "prometheus", "grafana"):
     if name not in services:
         err(f"compose: no service {name}")
 if not str(services.get("kafka", {}).get("image", "")).startswith("apache/kafka:"):
@@ -247,6 +390,33 @@ jobs = {j["job_name"]: j for j in prom.get("scrape_configs", [])}
 targets = [t for sc in jobs.get("jurystream", {}).get("static_configs", []) for t in sc.get("targets", [])]
 if "jurystream:9464" not in targets:
     err("prometheus.yml: job jurystream must scrape jurystream:9464")
+# connect: its own config file, the same Kafka settings, scraped as jurystream-connect.
+conn = services.get("connect", {})
+ccmd = conn.get("command", [])
+if ccmd[:2] != ["connect", "--config"] or len(ccmd) < 3:
+    err("compose: connect's command must be connect --config <file>")
+elif not any(v.startswith("./connect.toml:") and v.split(":")[1] == ccmd[2] for v in conn.get("volumes", [])):
+    err("compose: connect's --config is not the mounted ./connect.toml")
+if conn.get("image") != services.get("jurystream", {}).get("image"):
+    err("compose: connect must run the image the jurystream service builds")
+if "9465:9465" not in conn.get("ports", []):
+    err("compose: connect must publish 9465")
+if conn.get("depends_on", {}).get("kafka", {}).get("condition") != "service_healthy":
+    err("compose: connect must depend on a healthy kafka")
+ctoml = docs.get("deploy/compose/connect.toml", [{}])[0]
+if ctoml.get("connect", {}).get("listen") != "0.0.0.0:9465":
+    err("compose connect.toml: connect.listen must be 0.0.0.0:9465")
+for key in ("brokers", "group_id", "input_topics"):
+    if ctoml.get("kafka", {}).get(key) != ccfg.get("kafka", {}).get(key):
+        err(f"compose connect.toml: kafka.{key} differs from config.toml's")
+if ctoml.get("outputs", {}).get("flags_topic", "jury.flags") != ccfg.get("outputs", {}).get("flags_topic", "jury.flags"):
+    err("compose connect.toml: outputs.flags_topic differs from config.toml's")
+m = re.fullmatch(r"(\d+)s", str(conn.get("stop_grace_period", "10s")))
+if not m or int(m.group(1)) * 1000 <= ctoml.get("connect", {}).get("produce_timeout_ms", 10000):
+    err("compose: connect stop_grace_period must exceed connect.produce_timeout_ms")
+ctargets = [t for sc in jobs.get("jurystream-connect", {}).get("static_configs", []) for t in sc.get("targets", [])]
+if ctargets != ["connect:9465"]:
+    err("prometheus.yml: job jurystream-connect must scrape connect:9465")
 
 # ---- Dockerfile.
 with open(os.path.join(deploy, "Dockerfile")) as f:
@@ -320,7 +490,15 @@ step "config files load in jurystream"
 BIN="${JURYSTREAM_BIN:-${CARGO_TARGET_DIR:-target}/debug/jurystream}"
 if [ -x "$BIN" ]; then
     : > "$TMP/empty.jsonl"
-    for cfg in deploy/compose/config.toml "$TMP/k8s-config.toml"; do
+    cfgs=(deploy/compose/config.toml "$TMP/k8s-config.toml")
+    # The connect files set [connect] and [label_studio], keys a jurystream
+    # without the connect command (SPEC §12) does not know.
+    if "$BIN" connect --help > /dev/null 2>&1; then
+        cfgs+=(deploy/compose/connect.toml "$TMP/k8s-connect-config.toml")
+    else
+        echo "skipped: deploy/compose/connect.toml, the k8s connect config ($BIN has no connect command)"
+    fi
+    for cfg in "${cfgs[@]}"; do
         "$BIN" replay --config "$cfg" --input "$TMP/empty.jsonl" > /dev/null \
             || fail "$cfg is rejected by jurystream"
         echo "ok: $cfg"

@@ -1,7 +1,9 @@
 //! The deployment files (deploy/): scripts/validate-deploy.sh passes, and
 //! every metric the alert rules (directly or through the recording rules
 //! they read) and the dashboard use is one jurystream exports
-//! (src/telemetry/mod.rs), every alert has a unit test and a runbook.
+//! (src/telemetry/mod.rs), every alert has a unit test and a runbook; the
+//! manifests, rules and panels of `jurystream connect` (SPEC §12) fit
+//! together.
 
 mod common;
 
@@ -263,6 +265,17 @@ fn validate_deploy_script_passes() {
         stdout.contains("ok: deploy/compose/config.toml"),
         "{stdout}"
     );
+    // The connect ones too, by a binary that has the connect command.
+    let has_connect = Command::new(env!("CARGO_BIN_EXE_jurystream"))
+        .args(["connect", "--help"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert_eq!(
+        stdout.contains("ok: deploy/compose/connect.toml"),
+        has_connect,
+        "deploy/compose/connect.toml loaded iff the binary has `connect`:\n{stdout}"
+    );
 }
 
 /// The exported metrics `exprs` use, and the tokens that are not exported.
@@ -309,9 +322,25 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
     let panels = dashboard_exprs();
     for (what, expr) in alerts.iter().chain(&panels) {
         assert!(
-            !metric_tokens(expr).is_empty() || expr.contains("up{job=\"jurystream\"}"),
+            !metric_tokens(expr).is_empty()
+                || expr.contains("up{job=\"jurystream\"}")
+                || expr.contains("up{job=\"jurystream-connect\"}"),
             "{what} uses no jurystream metric: {expr}"
         );
+    }
+    // The values of the connect metrics' labels (result, source, action)
+    // that rules and panels select are values src/telemetry/mod.rs
+    // documents (`produced`, `failed` ...): a typo selects nothing.
+    let telemetry = read("src/telemetry/mod.rs");
+    for (what, expr) in alerts.iter().chain(&recorded).chain(&panels) {
+        for (label, value) in label_matchers(expr) {
+            if ["result", "source", "action"].contains(&label.as_str()) {
+                assert!(
+                    telemetry.contains(&format!("`{value}`")),
+                    "{what}: {label}=\"{value}\" is no value src/telemetry/mod.rs documents"
+                );
+            }
+        }
     }
     let (alert_used, unknown_a) = resolve(&alerts, &exported);
     let (_, unknown_r) = resolve(&recorded, &exported);
@@ -345,13 +374,57 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
         "jurystream_model_scores",
         "jurystream_model_score_squares",
         "jurystream_model_series",
+        // jurystream connect (SPEC §12)
+        "jurystream_connect_votes_total",
+        "jurystream_connect_routing_total",
+        "jurystream_connect_sync_missed_votes_total",
+        "jurystream_connect_sync_runs_total",
+        "jurystream_connect_last_sync_timestamp_seconds",
     ] {
         assert!(alert_used.contains(m), "no alert uses {m}");
     }
 }
 
+/// `label="value"` matchers of a PromQL expression (`=` only, not `=~`,
+/// `!=`).
+fn label_matchers(expr: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut rest = expr;
+    while let Some(pos) = rest.find("=\"") {
+        let before = &rest[..pos];
+        let label: String = before
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let after = &rest[pos + 2..];
+        let end = after.find('"').unwrap_or(after.len());
+        if !label.is_empty() && !before.ends_with(['!', '=', '~']) {
+            out.push((label, after[..end].to_owned()));
+        }
+        rest = &after[end.min(after.len())..];
+        if let Some(r) = rest.strip_prefix('"') {
+            rest = r;
+        }
+    }
+    out
+}
+
 #[test]
 fn metric_token_parsing() {
+    assert_eq!(
+        label_matchers(
+            "sum(rate(jurystream_connect_votes_total{result=\"failed\", source!=\"api\"}[5m])) \
+             + up{job=~\"x\",instance=\"a:1\"}"
+        ),
+        vec![
+            ("result".to_owned(), "failed".to_owned()),
+            ("instance".to_owned(), "a:1".to_owned())
+        ]
+    );
     let exported = exported_metrics();
     let toks = metric_tokens(
         "histogram_quantile(0.9, sum by (le) (rate(jurystream_commit_duration_seconds_bucket[5m]))) \
@@ -485,12 +558,17 @@ fn yaml_scalar(text: &str, indent: usize, key: &str) -> Option<String> {
 /// The `config.toml: |` block of deploy/k8s/configmap.yaml, dedented and
 /// parsed.
 fn k8s_config() -> toml::Table {
-    let text = read("deploy/k8s/configmap.yaml");
+    configmap_toml("deploy/k8s/configmap.yaml")
+}
+
+/// The `config.toml: |` block of a ConfigMap manifest, dedented and parsed.
+fn configmap_toml(rel: &str) -> toml::Table {
+    let text = read(rel);
     let lines: Vec<&str> = text.lines().collect();
     let start = lines
         .iter()
         .position(|l| l.trim() == "config.toml: |")
-        .expect("configmap.yaml: no `config.toml: |` block");
+        .unwrap_or_else(|| panic!("{rel}: no `config.toml: |` block"));
     let indent = lines[start].len() - lines[start].trim_start().len();
     let mut block = Vec::new();
     for l in &lines[start + 1..] {
@@ -513,7 +591,7 @@ fn k8s_config() -> toml::Table {
     }
     toml_text
         .parse()
-        .unwrap_or_else(|e| panic!("configmap.yaml config.toml: {e}\n{toml_text}"))
+        .unwrap_or_else(|e| panic!("{rel} config.toml: {e}\n{toml_text}"))
 }
 
 /// api.peers in the Kubernetes ConfigMap names every StatefulSet pod, once,
@@ -766,5 +844,480 @@ fn leaderboard_panels_and_score_drop_alert() {
             "jurystream:model_score_sd: no {needle}"
         );
         assert!(behind.contains(needle));
+    }
+}
+
+// ---------------------------------------------------------------- connect
+
+/// The alerts of `jurystream connect` (SPEC §12), group jurystream.connect:
+/// each reads the signal the issue names, the sync alerts only look at
+/// instances that sync, and the stale threshold is one recording rule.
+#[test]
+fn connect_alerts() {
+    let text = read("deploy/prometheus/alerts.yml");
+    let group = text
+        .split("  - name: ")
+        .find(|g| g.starts_with("jurystream.connect\n"))
+        .expect("alerts.yml: no group jurystream.connect");
+    let alerts: BTreeMap<String, (String, String)> = alert_rules()
+        .into_iter()
+        .map(|(name, expr, body)| (name, (expr, body)))
+        .collect();
+    let rule = |name: &str| -> (String, String) {
+        assert!(
+            group.contains(&format!("- alert: {name}\n")),
+            "alert {name} is not in group jurystream.connect"
+        );
+        alerts[name].clone()
+    };
+    let for_of = |body: &str| -> String {
+        body.lines()
+            .find_map(|l| l.trim().strip_prefix("for:"))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let has = |name: &str, expr: &str, needles: &[&str]| {
+        for n in needles {
+            assert!(expr.contains(n), "{name}: does not use {n}: {expr}");
+        }
+    };
+
+    let (expr, body) = rule("JurystreamConnectInstanceDown");
+    has(
+        "JurystreamConnectInstanceDown",
+        &expr,
+        &["up{job=\"jurystream-connect\"} == 0"],
+    );
+    assert_eq!(for_of(&body), "5m");
+
+    // The broker does not acknowledge: result="failed", 5 minutes.
+    let (expr, body) = rule("JurystreamConnectProduceFailing");
+    has(
+        "JurystreamConnectProduceFailing",
+        &expr,
+        &["jurystream_connect_votes_total{result=\"failed\"}", "> 0"],
+    );
+    assert_eq!(for_of(&body), "5m");
+    assert!(body.contains("severity: critical"));
+
+    // Label Studio calls failing: result="error", 15 minutes.
+    let (expr, body) = rule("JurystreamConnectRoutingErrors");
+    has(
+        "JurystreamConnectRoutingErrors",
+        &expr,
+        &["jurystream_connect_routing_total{result=\"error\"}", "> 0"],
+    );
+    assert_eq!(for_of(&body), "15m");
+
+    // Lost webhooks: the increase over 30 minutes, for an hour.
+    let (expr, body) = rule("JurystreamConnectSyncFindsMissedVotes");
+    has(
+        "JurystreamConnectSyncFindsMissedVotes",
+        &expr,
+        &[
+            "increase(jurystream_connect_sync_missed_votes_total[30m])",
+            "> 0",
+        ],
+    );
+    assert_eq!(for_of(&body), "1h");
+
+    // Stale sync: against the recording rule, only where syncs run (the
+    // instances with the sync off report last_sync 0 and run no pass).
+    let (expr, _) = rule("JurystreamConnectSyncStale");
+    has(
+        "JurystreamConnectSyncStale",
+        &expr,
+        &[
+            "time() - max by (instance) (jurystream_connect_last_sync_timestamp_seconds)",
+            "> scalar(jurystream:connect_sync_stale_seconds)",
+            "and on (instance)",
+            "increase(jurystream_connect_sync_runs_total[",
+        ],
+    );
+    let records = recording_rules();
+    let stale = records
+        .get("jurystream:connect_sync_stale_seconds")
+        .expect("recording rule jurystream:connect_sync_stale_seconds");
+    let seconds = stale
+        .strip_prefix("vector(")
+        .and_then(|v| v.strip_suffix(')'))
+        .and_then(|v| v.parse::<f64>().ok());
+    // about 3 x label_studio.sync_interval_seconds of the deploy configs
+    let interval = configmap_toml("deploy/k8s/connect-configmap.yaml")["label_studio"]
+        ["sync_interval_seconds"]
+        .as_integer()
+        .expect("connect ConfigMap: label_studio.sync_interval_seconds") as f64;
+    assert!(
+        seconds.is_some_and(|s| s >= 2.0 * interval),
+        "jurystream:connect_sync_stale_seconds must be vector(<seconds>) of at least 2 sync intervals ({interval} s), got {stale}"
+    );
+    assert!(
+        group.contains("- record: jurystream:connect_sync_stale_seconds\n"),
+        "the stale threshold lives in group jurystream.connect"
+    );
+    // Every alert of the group is one of these: a new one needs its checks.
+    let in_group = group.matches("- alert: ").count();
+    assert_eq!(
+        in_group, 5,
+        "group jurystream.connect has {in_group} alerts"
+    );
+}
+
+/// The dashboard's row "Label Studio intake (connect)": below every other
+/// row, panel ids unique, and its panels show every connect metric: votes
+/// by source and result, webhooks by action, sync runs and missed votes,
+/// routing outcomes, the produce latency's p99.
+#[test]
+fn connect_dashboard_row() {
+    let d: serde_json::Value =
+        serde_json::from_str(&read("deploy/grafana/dashboards/jurystream.json")).unwrap();
+    let panels = d["panels"].as_array().unwrap();
+    let mut ids = HashSet::new();
+    for p in panels {
+        let id = p["id"].as_i64().expect("every panel has an id");
+        assert!(ids.insert(id), "panel id {id} used twice");
+    }
+    const ROW: &str = "Label Studio intake (connect)";
+    let start = panels
+        .iter()
+        .position(|p| p["type"] == "row" && p["title"] == ROW)
+        .unwrap_or_else(|| panic!("dashboard: no row {ROW:?}"));
+    let end = panels[start + 1..]
+        .iter()
+        .position(|p| p["type"] == "row")
+        .map_or(panels.len(), |i| start + 1 + i);
+    let row: Vec<&serde_json::Value> = panels[start + 1..end].iter().collect();
+    assert!(row.len() >= 5, "row {ROW:?} has {} panels", row.len());
+    let y = |p: &serde_json::Value| p["gridPos"]["y"].as_i64().unwrap();
+    let bottom = |p: &serde_json::Value| y(p) + p["gridPos"]["h"].as_i64().unwrap();
+    let row_y = y(&panels[start]);
+    for (i, p) in panels.iter().enumerate() {
+        if i < start {
+            assert!(
+                bottom(p) <= row_y,
+                "panel {:?} reaches below the row {ROW:?} (y {row_y})",
+                p["title"]
+            );
+        }
+    }
+    for p in &row {
+        assert!(y(p) > row_y, "panel {:?} is not below its row", p["title"]);
+    }
+    let exprs: Vec<String> = row
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_owned())
+        .collect();
+    let any =
+        |needles: &[&str]| -> bool { exprs.iter().any(|e| needles.iter().all(|n| e.contains(n))) };
+    for needles in [
+        &[
+            "sum by (source, result)",
+            "rate(jurystream_connect_votes_total[",
+        ][..],
+        &["sum by (action)", "rate(jurystream_connect_webhooks_total["],
+        &["increase(jurystream_connect_sync_runs_total["],
+        &["increase(jurystream_connect_sync_missed_votes_total["],
+        &["jurystream_connect_last_sync_timestamp_seconds"],
+        &["sum by (result)", "rate(jurystream_connect_routing_total["],
+        &[
+            "histogram_quantile(0.99,",
+            "sum by (le) (rate(jurystream_connect_produce_duration_seconds_bucket[",
+        ],
+        &["up{job=\"jurystream-connect\"}"],
+    ] {
+        assert!(
+            any(needles),
+            "row {ROW:?}: no panel query with all of {needles:?}"
+        );
+    }
+    // The connect metrics are shown in this row, not elsewhere.
+    for (i, p) in panels.iter().enumerate() {
+        if (start..end).contains(&i) {
+            continue;
+        }
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let e = t["expr"].as_str().unwrap_or("");
+            assert!(
+                !e.contains("jurystream_connect_"),
+                "panel {:?} outside row {ROW:?} shows a connect metric",
+                p["title"]
+            );
+        }
+    }
+}
+
+/// The YAML documents of a manifest (split at `---` lines).
+fn yaml_docs(text: &str) -> Vec<String> {
+    let mut docs = vec![String::new()];
+    for l in text.lines() {
+        if l.trim_end() == "---" {
+            docs.push(String::new());
+        } else {
+            let d = docs.last_mut().unwrap();
+            d.push_str(l);
+            d.push('\n');
+        }
+    }
+    docs.retain(|d| d.lines().any(|l| l.starts_with("kind:")));
+    docs
+}
+
+/// The lines under the first `key:` line (at any indent), more indented.
+fn yaml_block<'a>(doc: &'a str, key: &str) -> Vec<&'a str> {
+    let lines: Vec<&str> = doc.lines().collect();
+    let Some(i) = lines.iter().position(|l| {
+        let t = l.trim_start().trim_start_matches("- ");
+        t == format!("{key}:") || t.starts_with(&format!("{key}: "))
+    }) else {
+        return Vec::new();
+    };
+    let indent = lines[i].len() - lines[i].trim_start().len();
+    lines[i + 1..]
+        .iter()
+        .take_while(|l| {
+            let t = l.trim_start();
+            t.is_empty() || t.starts_with('#') || l.len() - t.len() > indent
+        })
+        .copied()
+        .collect()
+}
+
+/// The value of the first `key: value` among `lines` (a list item's `- `
+/// and quotes dropped).
+fn yaml_value(lines: &[&str], key: &str) -> Option<String> {
+    lines.iter().find_map(|l| {
+        l.trim_start()
+            .trim_start_matches("- ")
+            .strip_prefix(&format!("{key}:"))
+            .map(|v| v.trim().trim_matches('"').to_owned())
+            .filter(|v| !v.is_empty())
+    })
+}
+
+/// The items of a YAML list block (each item's lines, its `- ` dropped).
+fn yaml_items(block: &[&str]) -> Vec<Vec<String>> {
+    let indent = block
+        .iter()
+        .filter(|l| l.trim_start().starts_with("- "))
+        .map(|l| l.len() - l.trim_start().len())
+        .min();
+    let mut items: Vec<Vec<String>> = Vec::new();
+    for l in block {
+        let t = l.trim_start();
+        if Some(l.len() - t.len()) == indent && t.starts_with("- ") {
+            items.push(vec![format!(
+                "{}{}",
+                " ".repeat(indent.unwrap() + 2),
+                &t[2..]
+            )]);
+        } else if let Some(item) = items.last_mut() {
+            item.push((*l).to_owned());
+        }
+    }
+    items
+}
+
+/// One env entry of a container: (name, value, secretKeyRef (name, key)).
+type EnvVar = (String, Option<String>, Option<(String, String)>);
+
+fn env_of(doc: &str) -> Vec<EnvVar> {
+    yaml_items(&yaml_block(doc, "env"))
+        .into_iter()
+        .map(|item| {
+            let lines: Vec<&str> = item.iter().map(String::as_str).collect();
+            let name = yaml_value(&lines, "name").expect("env entry without name");
+            let value = yaml_value(&lines, "value");
+            let secret = lines
+                .iter()
+                .position(|l| l.trim() == "secretKeyRef:")
+                .map(|i| {
+                    let r = &lines[i + 1..];
+                    (
+                        yaml_value(r, "name").expect("secretKeyRef without name"),
+                        yaml_value(r, "key").expect("secretKeyRef without key"),
+                    )
+                });
+            (name, value, secret)
+        })
+        .collect()
+}
+
+/// The connect manifests of deploy/k8s: two Deployments on port 9465 with
+/// /healthz and /readyz probes, the sync (and routing) on the one-replica
+/// Deployment only, each Secret key they read named in the command that
+/// creates the Secret (docs/operations.md and the manifest), Services on
+/// 9465, the listen address, and the same Kafka settings as the processor.
+#[test]
+fn k8s_connect_manifests() {
+    let text = read("deploy/k8s/connect-deployment.yaml");
+    let docs = yaml_docs(&text);
+    let deployments: BTreeMap<String, &String> = docs
+        .iter()
+        .filter(|d| d.lines().any(|l| l == "kind: Deployment"))
+        .map(|d| (yaml_scalar(d, 2, "name").expect("Deployment name"), d))
+        .collect();
+    assert_eq!(
+        deployments.keys().collect::<Vec<_>>(),
+        ["jurystream-connect", "jurystream-connect-label-studio"],
+        "connect-deployment.yaml"
+    );
+    let ops = read("docs/operations.md");
+    let mut secret_refs = BTreeSet::new();
+    for (name, doc) in &deployments {
+        let args = yaml_value(&doc.lines().collect::<Vec<_>>(), "args").unwrap_or_default();
+        assert!(
+            args.starts_with("[\"connect\", \"--config\""),
+            "{name}: args {args}"
+        );
+        // container port name -> number
+        let ports: BTreeMap<String, String> = yaml_items(&yaml_block(doc, "ports"))
+            .iter()
+            .map(|item| {
+                let lines: Vec<&str> = item.iter().map(String::as_str).collect();
+                (
+                    yaml_value(&lines, "name").unwrap_or_default(),
+                    yaml_value(&lines, "containerPort").unwrap_or_default(),
+                )
+            })
+            .collect();
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            let block = yaml_block(doc, probe);
+            assert!(!block.is_empty(), "{name}: no {probe}");
+            assert_eq!(
+                yaml_value(&block, "path").as_deref(),
+                Some(path),
+                "{name}: {probe} path"
+            );
+            let port = yaml_value(&block, "port").unwrap_or_default();
+            let number = ports.get(&port).cloned().unwrap_or(port);
+            assert_eq!(number, "9465", "{name}: {probe} port");
+        }
+        for r in ["requests", "limits"] {
+            let block = yaml_block(doc, r);
+            assert!(
+                yaml_value(&block, "cpu").is_some() && yaml_value(&block, "memory").is_some(),
+                "{name}: resources.{r} sets cpu and memory"
+            );
+        }
+        let env = env_of(doc);
+        let var = |v: &str| env.iter().find(|(n, _, _)| n == v);
+        assert!(
+            var("JURYSTREAM_CONNECT__TOKEN").is_some_and(|(_, _, s)| s.is_some()),
+            "{name}: JURYSTREAM_CONNECT__TOKEN from a Secret"
+        );
+        let sync =
+            var("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS").and_then(|(_, v, _)| v.clone());
+        let replicas = yaml_scalar(doc, 2, "replicas").unwrap_or_default();
+        if name == "jurystream-connect" {
+            assert!(
+                replicas.parse::<u32>().is_ok_and(|r| r >= 2),
+                "{name}: replicas {replicas}"
+            );
+            assert_eq!(sync.as_deref(), Some("0"), "{name}: must not sync");
+            assert_eq!(
+                var("JURYSTREAM_LABEL_STUDIO__EXTRA_REVIEWS")
+                    .and_then(|(_, v, _)| v.clone())
+                    .as_deref(),
+                Some("0"),
+                "{name}: must not route"
+            );
+        } else {
+            assert_eq!(replicas, "1", "{name}: the one instance that syncs");
+            assert_eq!(
+                yaml_value(&yaml_block(doc, "strategy"), "type").as_deref(),
+                Some("Recreate"),
+                "{name}: never two syncing pods during a rollout"
+            );
+            assert_eq!(sync, None, "{name}: syncs at the ConfigMap's interval");
+            assert!(
+                var("JURYSTREAM_LABEL_STUDIO__TOKEN").is_some_and(|(_, _, s)| s.is_some()),
+                "{name}: JURYSTREAM_LABEL_STUDIO__TOKEN from a Secret"
+            );
+        }
+        for (_, _, s) in env {
+            if let Some(r) = s {
+                secret_refs.insert(r);
+            }
+        }
+    }
+    // Every Secret key read is created by the documented command, in the
+    // runbook and in the manifest's comment.
+    assert!(!secret_refs.is_empty());
+    for (secret, key) in &secret_refs {
+        for (what, text) in [
+            ("docs/operations.md", &ops),
+            ("connect-deployment.yaml", &text),
+        ] {
+            let cmd = text
+                .find(&format!("kubectl create secret generic {secret}"))
+                .map(|i| &text[i..])
+                .unwrap_or_else(|| panic!("{what}: no `kubectl create secret generic {secret}`"));
+            let cmd = &cmd[..cmd.find("\n\n").unwrap_or(cmd.len())];
+            assert!(
+                cmd.contains(&format!("--from-literal={key}=")),
+                "{what}: the command creating Secret {secret} has no key {key}: {cmd}"
+            );
+        }
+    }
+
+    let services = read("deploy/k8s/connect-service.yaml");
+    let services: BTreeMap<String, String> = yaml_docs(&services)
+        .into_iter()
+        .map(|d| (yaml_scalar(&d, 2, "name").expect("Service name"), d))
+        .collect();
+    for name in deployments.keys() {
+        let svc = services
+            .get(name)
+            .unwrap_or_else(|| panic!("connect-service.yaml: no Service {name}"));
+        let lines: Vec<&str> = svc.lines().collect();
+        assert_eq!(
+            yaml_value(&lines, "port").as_deref(),
+            Some("9465"),
+            "Service {name}"
+        );
+        // the Service selects its Deployment's pods by component
+        let component =
+            |d: &str| yaml_value(&yaml_block(d, "selector"), "app.kubernetes.io/component");
+        assert_eq!(
+            component(svc),
+            component(deployments[name]),
+            "Service {name} selects the pods of Deployment {name}"
+        );
+    }
+
+    let conf = configmap_toml("deploy/k8s/connect-configmap.yaml");
+    assert_eq!(
+        conf["connect"]["listen"].as_str(),
+        Some("0.0.0.0:9465"),
+        "connect ConfigMap: connect.listen"
+    );
+    let processor = k8s_config();
+    for (section, key) in [
+        ("kafka", "brokers"),
+        ("kafka", "group_id"),
+        ("kafka", "input_topics"),
+        ("outputs", "flags_topic"),
+    ] {
+        assert_eq!(
+            conf.get(section).and_then(|s| s.get(key)),
+            processor.get(section).and_then(|s| s.get(key)),
+            "connect ConfigMap {section}.{key} must equal the processor's"
+        );
+    }
+    let monitor = read("deploy/k8s/connect-podmonitor.yaml");
+    assert!(monitor.contains("kind: PodMonitor") && monitor.contains("- port: http"));
+    let kust = read("deploy/k8s/kustomization.yaml");
+    for f in [
+        "connect-configmap.yaml",
+        "connect-service.yaml",
+        "connect-deployment.yaml",
+        "connect-poddisruptionbudget.yaml",
+        "connect-podmonitor.yaml",
+    ] {
+        assert!(
+            kust.contains(&format!("  - {f}\n")),
+            "kustomization.yaml: {f}"
+        );
     }
 }
