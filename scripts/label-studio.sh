@@ -3,6 +3,7 @@
 # headless, SQLite, on loopback.
 #
 #   scripts/label-studio.sh install             venv + pip install (~1 GB, ~2 min once)
+#   scripts/label-studio.sh installed           exit 0 when it is installed
 #   scripts/label-studio.sh start PORT DATA_DIR start on 127.0.0.1:PORT, data in DATA_DIR
 #   scripts/label-studio.sh stop PORT           stop the server started on PORT
 #   scripts/label-studio.sh env [PORT]          print LS_URL=… LS_TOKEN=… LS_USERNAME=…
@@ -60,6 +61,9 @@ pidfile_for() { echo "$RUN_DIR/label-studio-$1.pid"; }
 
 cmd="${1:-}"
 case "$cmd" in
+installed)
+    have_ls
+    ;;
 install)
     if have_ls; then
         echo "label-studio: $LS_VERSION already installed ($VENV)"

@@ -39,8 +39,7 @@ impl LabelStudio {
         let script = root().join("scripts/label-studio.sh");
         let installed = Command::new("bash")
             .arg(&script)
-            .arg("install")
-            .env("JURYSTREAM_LS_NO_INSTALL", "1")
+            .arg("installed")
             .output()
             .map(|o| o.status.success())
             .unwrap_or(false);
