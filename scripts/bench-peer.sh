@@ -10,9 +10,11 @@
 # every input offset. CPU = user + system time of the process until then
 # (from /proc, before it is stopped). Reported: votes/s, and CPU seconds per
 # million votes.
-# The test broker (tansu 0.6.0) has no Kafka transactions, so both run
-# at-least-once (DELIVERY=at_least_once, QUIX_GUARANTEE=at-least-once); on
-# Apache Kafka set DELIVERY=exactly_once QUIX_GUARANTEE=exactly-once.
+# Both run at-least-once by default (DELIVERY=at_least_once,
+# QUIX_GUARANTEE=at-least-once; docs/PERFORMANCE.md's figures). The test
+# broker (the prebuilt tansu of scripts/broker.sh) commits Kafka
+# transactions, so DELIVERY=exactly_once QUIX_GUARANTEE=exactly-once can be
+# set on it too (not measured on it), as on Apache Kafka.
 # JURYSTREAM_BIN=PATH measures that binary instead of the release build.
 # Quix Streams (pinned) is installed into a virtualenv under the work dir.
 set -euo pipefail

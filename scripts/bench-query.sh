@@ -4,7 +4,7 @@
 # throughput that costs.
 #   scripts/bench-query.sh [VOTES]     (default 1000000)
 # N votes are preloaded on a 4-partition topic of the test broker (as in
-# scripts/bench-kafka.sh, at-least-once: tansu 0.6.0 has no transactions).
+# scripts/bench-kafka.sh, at-least-once unless DELIVERY says otherwise).
 # Each round runs, on that same topic, with a fresh group and state dir:
 #   baseline  `jurystream run`, no queries;
 #   loaded    `jurystream run`, and from LOAD_START_PCT % (default 22) of

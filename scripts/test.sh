@@ -9,6 +9,15 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 scripts/install-deps.sh
 scripts/broker.sh install
+# The broker tests use $TANSU (tests/kafka_support/mod.rs, fn tansu): the
+# binary scripts/broker.sh would start, unless the caller names one.
+if [ -n "${TANSU:-}" ]; then
+    echo "test broker: \$TANSU=$TANSU (set by the caller): $("$TANSU" --version)"
+else
+    TANSU="$(scripts/broker.sh path)"
+    echo "test broker: $(scripts/broker.sh which)"
+fi
+export TANSU
 
 # Broker tests fail (instead of skipping) when the broker is missing.
 export JURYSTREAM_REQUIRE_BROKER=1

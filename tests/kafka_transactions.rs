@@ -1,18 +1,18 @@
-//! `delivery = "exactly_once"` (Kafka transactions) end to end.
-//!
-//! The test broker, tansu 0.6.0, cannot commit transactions, so these tests
-//! run the service against librdkafka's mock cluster (`rdkafka::mocking`),
-//! which implements the transactional protocol (InitProducerId with
-//! producer-epoch fencing, AddPartitionsToTxn, TxnOffsetCommit, EndTxn) and
-//! consumer groups. What the mock does not model, and these tests therefore
-//! do not claim: it does not hide the records of open or aborted
-//! transactions from `read_committed` readers (last stable offset = high
-//! watermark, no aborted-transaction list, no markers written by EndTxn),
-//! and it does not store offsets committed inside a transaction. The crash-safety of the cycle is covered on the real
-//! broker in outbox mode (tests/kafka_service.rs); here: that the
-//! transactional cycle runs and produces exactly the replay's events, and
-//! that an instance whose producer is fenced stops with a clear message
-//! and exit status 1 instead of committing.
+//! `delivery = "exactly_once"` (Kafka transactions) end to end, against
+//! librdkafka's mock cluster (`rdkafka::mocking`), which implements the
+//! transactional protocol (InitProducerId with producer-epoch fencing,
+//! AddPartitionsToTxn, TxnOffsetCommit, EndTxn) and consumer groups, and
+//! whose errors a test can inject: a fenced producer here (the test broker's
+//! fencing is partial, docs/testing.md). What the mock does not model, and
+//! these tests therefore do not claim: it does not hide the records of open
+//! or aborted transactions from `read_committed` readers (last stable offset
+//! = high watermark, no aborted-transaction list, no markers written by
+//! EndTxn), and it does not store offsets committed inside a transaction.
+//! The transactional cycle on the real broker, with kill -9, is in
+//! tests/kafka_service.rs; here: that the transactional cycle runs and
+//! produces exactly the replay's events, and that an instance whose producer
+//! is fenced stops with a clear message and exit status 1 instead of
+//! committing.
 
 mod kafka_support;
 

