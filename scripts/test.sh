@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what it needs (Debian
-# packages, the tansu test broker), builds, runs the unit, golden, property
-# and real-broker integration tests, then the shared conformance kit.
+# packages, the tansu test broker, Label Studio for the `connect` test),
+# builds, runs the unit, golden, property and real-broker integration tests,
+# then the shared conformance kit.
 #   scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,8 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 scripts/install-deps.sh
 scripts/broker.sh install
+# Label Studio 1.23.2 in a venv (~80 s once): tests/label_studio.rs.
+scripts/label-studio.sh install
 # The broker tests use $TANSU (tests/kafka_support/mod.rs, fn tansu): the
 # binary scripts/broker.sh would start, unless the caller names one.
 if [ -n "${TANSU:-}" ]; then
