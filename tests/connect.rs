@@ -219,3 +219,67 @@ fn votes_are_answered_by_index_and_reach_run_exactly() {
     }
     assert!(!connect.log_text().contains("panicked"));
 }
+
+/// With the broker stopped a request is answered 503 (JSON, Retry-After)
+/// within `connect.produce_timeout_ms`; the same request sent again once
+/// the broker is back is 200, and `run` scores every vote once.
+#[test]
+fn a_stopped_broker_is_a_503_and_the_retry_doubles_nothing() {
+    let Some(mut broker) = broker_or_skip(Some("s3")) else {
+        return;
+    };
+    // Members wait out the broker's restart (as in kafka_service's
+    // broker_restart_mid_stream_is_ridden_out).
+    let setup = Setup::at(
+        &broker.bootstrap(),
+        "connect503",
+        1,
+        "exactly_once_outbox",
+        "",
+        20_000,
+    );
+    create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    let generated = setup.dir.path().join("generated.jsonl");
+    generate_votes(&generated, 200, 9);
+    let valid: Vec<String> = std::fs::read_to_string(&generated)
+        .unwrap()
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).is_ok())
+        .map(str::to_owned)
+        .collect();
+    let (first, second) = valid.split_at(valid.len() / 2);
+    let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
+    let connect = Connect::start(
+        &setup.config,
+        setup.dir.path(),
+        &[
+            ("JURYSTREAM_CONNECT__TOKEN", TOKEN),
+            ("JURYSTREAM_CONNECT__PRODUCE_TIMEOUT_MS", "3000"),
+        ],
+    );
+    let ndjson = |votes: &[String]| votes.join("\n").into_bytes();
+    let (code, answer) = post_votes(connect.port, "application/x-ndjson", &ndjson(first));
+    assert_eq!(code, 200, "{answer}");
+
+    broker.kill();
+    let started = std::time::Instant::now();
+    let (code, answer) = post_votes(connect.port, "application/x-ndjson", &ndjson(second));
+    assert_eq!(code, 503, "{answer}");
+    assert!(answer["error"].is_string(), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "answered after {:?}",
+        started.elapsed()
+    );
+
+    broker.restart();
+    wait_for("the retry to be acknowledged", Duration::from_secs(120), || {
+        let (code, answer) = post_votes(connect.port, "application/x-ndjson", &ndjson(second));
+        (code == 200).then(|| assert_eq!(answer["accepted"].as_u64(), Some(second.len() as u64)))
+    });
+    let all = setup.dir.path().join("all.jsonl");
+    std::fs::write(&all, valid.join("\n") + "\n").unwrap();
+    let expected = replay(&setup.config, &all);
+    wait_for_events(&setup, &expected, Duration::from_secs(300), &svc);
+    assert_same_events(&setup, &expected);
+}

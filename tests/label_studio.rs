@@ -168,7 +168,10 @@ fn http(port: u16, path: &str) -> Option<(u16, String)> {
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let (head, body) = text.split_once("\r\n\r\n")?;
-    Some((head.split_whitespace().nth(1)?.parse().ok()?, body.to_owned()))
+    Some((
+        head.split_whitespace().nth(1)?.parse().ok()?,
+        body.to_owned(),
+    ))
 }
 
 /// A counter's value in connect's exposition.
@@ -224,9 +227,10 @@ max_annotations = 10
     // One partition, so that the input topic's order is one replay; 10 s
     // windows so that the flag comes within seconds.
     let setup = Setup::new(&broker, "lsloop", 1, "exactly_once_outbox", &extra);
-    let config = std::fs::read_to_string(&setup.config)
-        .unwrap()
-        .replace("[batching]\n", "[batching]\nwindow_seconds = 10\ngrace_seconds = 1\n");
+    let config = std::fs::read_to_string(&setup.config).unwrap().replace(
+        "[batching]\n",
+        "[batching]\nwindow_seconds = 10\ngrace_seconds = 1\n",
+    );
     std::fs::write(&setup.config, config).unwrap();
     create_topic(&setup.bootstrap, &setup.input_topic, 1);
     let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
@@ -248,10 +252,14 @@ max_annotations = 10
     let want = expected_votes(&ls, &state);
     // 12 annotations of 3 controls, the skip as 3 abstentions, the edit.
     assert_eq!(want.len(), 13 * 3, "{want:#?}");
-    let have = wait_for("the webhooks' votes on the input topic", Duration::from_secs(60), || {
-        let have = input_votes(&setup);
-        (have.len() >= want.len()).then_some(have)
-    });
+    let have = wait_for(
+        "the webhooks' votes on the input topic",
+        Duration::from_secs(60),
+        || {
+            let have = input_votes(&setup);
+            (have.len() >= want.len()).then_some(have)
+        },
+    );
     let distinct: BTreeSet<String> = have.iter().cloned().collect();
     assert_eq!(
         distinct, want,
@@ -275,21 +283,37 @@ max_annotations = 10
     assert_same_events(&setup, &expected_events);
 
     // 3. The flag went back: Label Studio serves task 1 to reviewer 4.
-    let routed = wait_for("the disputed task routed back", Duration::from_secs(60), || {
-        let r = ls.step(&["routed", "--state", state.to_str().unwrap()]);
-        (r["is_labeled"] == false && r["overlap"].as_u64() > r["overlap_before"].as_u64())
-            .then_some(r)
-    });
-    assert_eq!(routed["overlap"], 5, "3 annotations + 2 more reviews: {routed}");
+    let routed = wait_for(
+        "the disputed task routed back",
+        Duration::from_secs(60),
+        || {
+            let r = ls.step(&["routed", "--state", state.to_str().unwrap()]);
+            (r["is_labeled"] == false && r["overlap"].as_u64() > r["overlap_before"].as_u64())
+                .then_some(r)
+        },
+    );
+    assert_eq!(
+        routed["overlap"], 5,
+        "3 annotations + 2 more reviews: {routed}"
+    );
     assert_eq!(routed["served"], routed["task"], "{routed}");
-    assert!(counter(hook_port, "jurystream_connect_routing_total{result=\"requested\"}") >= 1.0);
+    assert!(
+        counter(
+            hook_port,
+            "jurystream_connect_routing_total{result=\"requested\"}"
+        ) >= 1.0
+    );
 
     // 4. connect is down while reviewer 4 annotates: Label Studio's webhook
     // fails and is not retried; the sync of a restarted connect recovers it.
     connect.stop();
     let missed = ls.step(&["annotate-missed", "--state", state.to_str().unwrap()]);
     let before = input_votes(&setup).len();
-    assert_eq!(before, have.len(), "nothing reached Kafka while connect was down");
+    assert_eq!(
+        before,
+        have.len(),
+        "nothing reached Kafka while connect was down"
+    );
     let _connect = Connect::start(
         &setup.config,
         setup.dir.path(),
@@ -297,17 +321,19 @@ max_annotations = 10
         &[("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS", "1")],
     );
     let want = expected_votes(&ls, &state);
-    wait_for("the sync to recover the missed votes", Duration::from_secs(60), || {
-        let have: BTreeSet<String> = input_votes(&setup).into_iter().collect();
-        (have == want).then_some(())
-    });
+    wait_for(
+        "the sync to recover the missed votes",
+        Duration::from_secs(60),
+        || {
+            let have: BTreeSet<String> = input_votes(&setup).into_iter().collect();
+            (have == want).then_some(())
+        },
+    );
     assert!(
         counter(hook_port, "jurystream_connect_sync_missed_votes_total") >= 3.0,
         "the three recovered votes were counted as missed ({missed})"
     );
-    assert!(
-        !std::fs::read_to_string(&connect.log)
-            .unwrap_or_default()
-            .contains("panicked"),
-    );
+    assert!(!std::fs::read_to_string(&connect.log)
+        .unwrap_or_default()
+        .contains("panicked"),);
 }

@@ -97,7 +97,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
     std::thread::scope(|scope| -> Result<(), ConnectError> {
         if let Some(client) = &client {
             if ls.sync_interval_seconds > 0.0 {
-                let s = sync::Sync {
+                let s = sync::Syncer {
                     client: client.clone(),
                     mapping: mapping.clone(),
                     projects: ls.projects.clone(),

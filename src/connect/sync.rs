@@ -60,13 +60,14 @@ impl Recent {
     }
 }
 
-/// The votes of the annotations of `tasks` updated at or after `since`
-/// (every annotation when `since` is None).
+/// The votes of the annotations of `tasks` updated in [`since`, `until`)
+/// (from the first when `since` is None).
 pub fn votes_since(
     map: &Mapping,
     project: &Project,
     tasks: &[Value],
     since: Option<Nanos>,
+    until: Nanos,
 ) -> Vec<MappedVote> {
     let mut out = Vec::new();
     for task in tasks {
@@ -79,7 +80,8 @@ pub fn votes_since(
                 .as_str()
                 .and_then(|t| parse_timestamp(t).ok());
             let recent = match (since, updated) {
-                (Some(s), Some(u)) => u >= s,
+                (Some(s), Some(u)) => u >= s && u < until,
+                (None, Some(u)) => u < until,
                 // A time that does not parse: taken (run rejects its votes
                 // visibly rather than this pass hiding them).
                 _ => true,
@@ -92,7 +94,7 @@ pub fn votes_since(
     out
 }
 
-pub struct Sync {
+pub struct Syncer {
     pub client: Arc<Client>,
     pub mapping: Mapping,
     pub projects: Vec<i64>,
@@ -103,8 +105,11 @@ pub struct Sync {
 /// A pass's votes are re-read from this much before the last pass began
 /// (Label Studio's clock and this one differ; a duplicate costs nothing).
 const OVERLAP: Duration = Duration::from_secs(60);
+/// A pass leaves annotations this recent to the next one: their webhook
+/// may still be on its way, and taking them would count them as missed.
+const SETTLE: Duration = Duration::from_secs(5);
 
-impl Sync {
+impl Syncer {
     /// Runs passes until `stop`.
     pub fn run(
         &self,
@@ -183,7 +188,8 @@ impl Sync {
                     .client
                     .tasks_since(id, &cursor, page)
                     .map_err(call_error)?;
-                let votes = votes_since(&self.mapping, &project, &tasks, Some(since));
+                let until = wall_clock() - SETTLE.as_nanos() as Nanos;
+                let votes = votes_since(&self.mapping, &project, &tasks, Some(since), until);
                 if !votes.is_empty() {
                     let pairs: Vec<(&str, &[u8])> = votes
                         .iter()
@@ -273,9 +279,19 @@ mod tests {
             ..Mapping::default()
         };
         let since = parse_timestamp("2026-11-25T22:30:00Z").unwrap();
-        let votes = votes_since(&map, &project, &[task.clone()], Some(since));
+        let end = parse_timestamp("2026-11-25T23:00:00Z").unwrap();
+        let votes = votes_since(&map, &project, &[task.clone()], Some(since), end);
         assert_eq!(votes.len(), 4);
         assert!(votes.iter().all(|v| v.vote_id.starts_with("ls:1:2:")));
-        assert_eq!(votes_since(&map, &project, &[task], None).len(), 8);
+        assert_eq!(
+            votes_since(&map, &project, &[task.clone()], None, end).len(),
+            8
+        );
+        // Too recent: left to the next pass.
+        let settling = parse_timestamp("2026-11-25T22:41:54Z").unwrap();
+        assert_eq!(
+            votes_since(&map, &project, &[task], None, settling).len(),
+            4
+        );
     }
 }
