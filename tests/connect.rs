@@ -273,10 +273,15 @@ fn a_stopped_broker_is_a_503_and_the_retry_doubles_nothing() {
     );
 
     broker.restart();
-    wait_for("the retry to be acknowledged", Duration::from_secs(120), || {
-        let (code, answer) = post_votes(connect.port, "application/x-ndjson", &ndjson(second));
-        (code == 200).then(|| assert_eq!(answer["accepted"].as_u64(), Some(second.len() as u64)))
-    });
+    wait_for(
+        "the retry to be acknowledged",
+        Duration::from_secs(120),
+        || {
+            let (code, answer) = post_votes(connect.port, "application/x-ndjson", &ndjson(second));
+            (code == 200)
+                .then(|| assert_eq!(answer["accepted"].as_u64(), Some(second.len() as u64)))
+        },
+    );
     let all = setup.dir.path().join("all.jsonl");
     std::fs::write(&all, valid.join("\n") + "\n").unwrap();
     let expected = replay(&setup.config, &all);

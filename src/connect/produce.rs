@@ -2,6 +2,7 @@
 //! send that returns only once the broker acknowledged every vote of a
 //! request (or says it could not).
 
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -12,7 +13,11 @@ use super::error::ConnectError;
 use crate::config::Config;
 
 pub struct Producer {
-    inner: FutureProducer,
+    /// Replaced after a failed request ([`Producer::renew`]).
+    inner: RwLock<Arc<FutureProducer>>,
+    /// When `inner` was last replaced.
+    renewed: std::sync::Mutex<Instant>,
+    config: rdkafka::ClientConfig,
     topic: String,
     timeout: Duration,
 }
@@ -33,10 +38,42 @@ impl Producer {
             .create()
             .map_err(|e| ConnectError::config(format!("cannot create the Kafka producer: {e}")))?;
         Ok(Producer {
-            inner,
+            inner: RwLock::new(Arc::new(inner)),
+            renewed: std::sync::Mutex::new(Instant::now()),
+            config: c,
             topic: cfg.kafka.input_topics[0].clone(),
             timeout,
         })
+    }
+
+    fn current(&self) -> Arc<FutureProducer> {
+        self.inner.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// After a failed send the producer is replaced (at most once per
+    /// `produce_timeout_ms`): an idempotent producer can be stuck for good
+    /// when the broker no longer accepts its identity (a broker that lost
+    /// its producer state answers PRODUCER_FENCED to every retry; measured
+    /// on the test broker after a restart), and a new producer gets a new
+    /// identity. What the old one still holds is abandoned or lands late;
+    /// either way `run` drops a vote it already has, so the client's retry
+    /// through the new producer is safe.
+    fn renew(&self, failed: &Arc<FutureProducer>) {
+        let mut g = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let mut last = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&g, failed) || last.elapsed() < self.timeout {
+            return; // renewed lately, by this request's wait or another's
+        }
+        match self.config.create::<FutureProducer>() {
+            Ok(p) => {
+                tracing::warn!(
+                    "connect: votes were not acknowledged; a new producer replaces the old one"
+                );
+                *g = Arc::new(p);
+                *last = Instant::now();
+            }
+            Err(e) => tracing::error!(error = %e, "connect: cannot create a new producer"),
+        }
     }
 
     pub fn topic(&self) -> &str {
@@ -47,7 +84,7 @@ impl Producer {
     pub fn check_topic(&self) -> Result<(), ConnectError> {
         use rdkafka::producer::Producer as _;
         let md = self
-            .inner
+            .current()
             .client()
             .fetch_metadata(Some(&self.topic), Duration::from_secs(5))
             .map_err(|e| ConnectError::broker(format!("metadata of {}: {e}", self.topic)))?;
@@ -63,6 +100,19 @@ impl Producer {
     /// Sends every `(key, payload)` (an empty key: none) and waits for all
     /// acknowledgements, within `connect.produce_timeout_ms` in all.
     pub async fn send_all(&self, votes: &[(&str, &[u8])]) -> Result<(), ConnectError> {
+        let producer = self.current();
+        let result = self.send_with(&producer, votes).await;
+        if result.is_err() {
+            self.renew(&producer);
+        }
+        result
+    }
+
+    async fn send_with(
+        &self,
+        producer: &FutureProducer,
+        votes: &[(&str, &[u8])],
+    ) -> Result<(), ConnectError> {
         let deadline = Instant::now() + self.timeout;
         let mut pending = Vec::with_capacity(votes.len());
         for &(key, payload) in votes {
@@ -71,7 +121,7 @@ impl Producer {
                 record = record.key(key);
             }
             loop {
-                match self.inner.send_result(record) {
+                match producer.send_result(record) {
                     Ok(f) => {
                         pending.push(f);
                         break;
@@ -111,6 +161,6 @@ impl Producer {
     /// Waits for what is queued (at shutdown).
     pub fn flush(&self) {
         use rdkafka::producer::Producer as _;
-        let _ = self.inner.flush(Timeout::After(self.timeout));
+        let _ = self.current().flush(Timeout::After(self.timeout));
     }
 }
