@@ -5,7 +5,9 @@
 //! produces the votes; `run` scores them; the flag goes back to Label
 //! Studio, which then serves the disputed task to a reviewer who has not
 //! seen it. Then `connect` is stopped while a reviewer annotates, and its
-//! sync recovers the missed votes. The Label Studio side is
+//! sync recovers the missed votes (reading Label Studio with a personal
+//! access token, where the first part used the legacy token). The Label
+//! Studio side is
 //! `tests/label_studio/e2e.py` (its own reading of §12 gives the expected
 //! votes). Fails instead of skipping under JURYSTREAM_REQUIRE_BROKER=1.
 
@@ -314,11 +316,28 @@ max_annotations = 10
         have.len(),
         "nothing reached Kafka while connect was down"
     );
+    // This time connect reads Label Studio with a personal access token
+    // (a JWT it exchanges for access tokens), not the legacy one.
+    let pat = Command::new("python3")
+        .arg(root().join("tests/label_studio/ls.py"))
+        .args(["--url", &ls.url, "--token", &ls.token, "pat"])
+        .output()
+        .unwrap();
+    let pat: Value = serde_json::from_slice(&pat.stdout)
+        .unwrap_or_else(|e| panic!("ls.py pat: {e}: {}", String::from_utf8_lossy(&pat.stderr)));
+    let pat = pat["refresh"]
+        .as_str()
+        .expect("a personal access token")
+        .to_owned();
+    assert_eq!(pat.split('.').count(), 3, "a JWT: {pat}");
     let _connect = Connect::start(
         &setup.config,
         setup.dir.path(),
         hook_port,
-        &[("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS", "1")],
+        &[
+            ("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS", "1"),
+            ("JURYSTREAM_LABEL_STUDIO__TOKEN", &pat),
+        ],
     );
     let want = expected_votes(&ls, &state);
     wait_for(
@@ -332,6 +351,20 @@ max_annotations = 10
     assert!(
         counter(hook_port, "jurystream_connect_sync_missed_votes_total") >= 3.0,
         "the three recovered votes were counted as missed ({missed})"
+    );
+    assert!(
+        counter(
+            hook_port,
+            "jurystream_connect_sync_runs_total{result=\"ok\"}"
+        ) >= 1.0
+    );
+    assert_eq!(
+        counter(
+            hook_port,
+            "jurystream_connect_sync_runs_total{result=\"error\"}"
+        ),
+        0.0,
+        "the personal access token works for the sync"
     );
     assert!(!std::fs::read_to_string(&connect.log)
         .unwrap_or_default()
