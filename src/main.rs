@@ -304,6 +304,29 @@ fn install_signal_handlers(timeout: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
+/// A long-running command's start (`run`, `connect`): its configuration
+/// with `--log-format` applied, logging, and the signal handlers with the
+/// shutdown deadline `timeout` gives.
+fn start_service(
+    config: Option<PathBuf>,
+    log_format: Option<String>,
+    timeout: impl Fn(&Config) -> Duration,
+) -> Result<Config, ExitCode> {
+    let mut cfg = load_config(config.as_deref())?;
+    if let Some(f) = log_format {
+        cfg.log.format = f.parse::<LogFormat>().map_err(|e| {
+            eprintln!("jurystream: --log-format: {e}");
+            ExitCode::from(2)
+        })?;
+    }
+    init_logging(cfg.log.format == LogFormat::Json);
+    install_signal_handlers(timeout(&cfg)).map_err(|e| {
+        eprintln!("jurystream: cannot install the signal handlers: {e}");
+        ExitCode::FAILURE
+    })?;
+    Ok(cfg)
+}
+
 fn load_config(path: Option<&std::path::Path>) -> Result<Config, ExitCode> {
     Config::load(path).map_err(|e: ConfigError| {
         eprintln!("jurystream: {e}");
@@ -319,48 +342,21 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Run { config, log_format } => {
-            let mut cfg = match load_config(config.as_deref()) {
+            let cfg = match start_service(config, log_format, |c| {
+                Duration::from_millis(c.kafka.shutdown_timeout_ms as u64)
+            }) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            if let Some(f) = log_format {
-                match f.parse::<LogFormat>() {
-                    Ok(f) => cfg.log.format = f,
-                    Err(e) => {
-                        eprintln!("jurystream: --log-format: {e}");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            init_logging(cfg.log.format == LogFormat::Json);
-            let timeout = Duration::from_millis(cfg.kafka.shutdown_timeout_ms as u64);
-            if let Err(e) = install_signal_handlers(timeout) {
-                eprintln!("jurystream: cannot install the signal handlers: {e}");
-                return ExitCode::FAILURE;
-            }
             jurystream::service::run(cfg, &STOP).map_err(anyhow::Error::from)
         }
         Command::Connect { config, log_format } => {
-            let mut cfg = match load_config(config.as_deref()) {
+            let cfg = match start_service(config, log_format, |c| {
+                Duration::from_millis(c.connect.produce_timeout_ms as u64) + Duration::from_secs(5)
+            }) {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            if let Some(f) = log_format {
-                match f.parse::<LogFormat>() {
-                    Ok(f) => cfg.log.format = f,
-                    Err(e) => {
-                        eprintln!("jurystream: --log-format: {e}");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            init_logging(cfg.log.format == LogFormat::Json);
-            let timeout = Duration::from_millis(cfg.connect.produce_timeout_ms as u64)
-                + Duration::from_secs(5);
-            if let Err(e) = install_signal_handlers(timeout) {
-                eprintln!("jurystream: cannot install the signal handlers: {e}");
-                return ExitCode::FAILURE;
-            }
             match jurystream::connect::run(cfg, &STOP) {
                 Err(e) if e.fault == jurystream::connect::error::Fault::Config => {
                     eprintln!("jurystream: {e}");

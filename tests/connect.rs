@@ -102,6 +102,19 @@ fn post_votes(port: u16, content_type: &str, body: &[u8]) -> (u16, Value) {
     )
 }
 
+/// The lines of [`generate_votes`] that are JSON (every one of them a
+/// valid vote; redeliveries included).
+fn valid_votes(setup: &Setup, n: usize, seed: u64) -> Vec<String> {
+    let generated = setup.dir.path().join("generated.jsonl");
+    generate_votes(&generated, n, seed);
+    std::fs::read_to_string(&generated)
+        .unwrap()
+        .lines()
+        .filter(|l| serde_json::from_str::<Value>(l).is_ok())
+        .map(str::to_owned)
+        .collect()
+}
+
 fn rejected(answer: &Value) -> Vec<(u64, String)> {
     answer["rejected"]
         .as_array()
@@ -124,15 +137,8 @@ fn votes_are_answered_by_index_and_reach_run_exactly() {
     };
     let setup = Setup::new(&broker, "connect", 2, "exactly_once_outbox", "");
     create_topic(&setup.bootstrap, &setup.input_topic, 2);
-    let generated = setup.dir.path().join("generated.jsonl");
-    generate_votes(&generated, 400, 5);
     // The generator's valid lines (its broken ones are the test's own below).
-    let valid: Vec<String> = std::fs::read_to_string(&generated)
-        .unwrap()
-        .lines()
-        .filter(|l| serde_json::from_str::<Value>(l).is_ok())
-        .map(str::to_owned)
-        .collect();
+    let valid = valid_votes(&setup, 400, 5);
     assert!(valid.len() > 350);
     let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
     let connect = Connect::start(
@@ -239,14 +245,7 @@ fn a_stopped_broker_is_a_503_and_the_retry_doubles_nothing() {
         20_000,
     );
     create_topic(&setup.bootstrap, &setup.input_topic, 1);
-    let generated = setup.dir.path().join("generated.jsonl");
-    generate_votes(&generated, 200, 9);
-    let valid: Vec<String> = std::fs::read_to_string(&generated)
-        .unwrap()
-        .lines()
-        .filter(|l| serde_json::from_str::<Value>(l).is_ok())
-        .map(str::to_owned)
-        .collect();
+    let valid = valid_votes(&setup, 200, 9);
     let (first, second) = valid.split_at(valid.len() / 2);
     let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
     let connect = Connect::start(

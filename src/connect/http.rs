@@ -172,22 +172,11 @@ async fn label_studio(State(s): State<Arc<Intake>>, body: Bytes) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(name: &str) -> Value {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/label-studio")
-            .join(name);
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    }
+    use crate::connect::mapping::fixtures::{fields, fixture};
 
     #[test]
     fn webhooks_give_votes_for_annotations_of_configured_projects_only() {
-        let map = Mapping {
-            inference_id_field: "inference_id".into(),
-            model_id_field: "model_id".into(),
-            inference_time_field: "inference_time".into(),
-            ..Mapping::default()
-        };
+        let map = fields();
         let created = fixture("002_ANNOTATION_CREATED.json");
         assert!(!webhook_votes(&created, &map, &[]).is_empty());
         assert!(!webhook_votes(&created, &map, &[1]).is_empty());

@@ -289,11 +289,13 @@ pub fn parse_vote_id(vote_id: &str) -> Option<(i64, i64)> {
     Some((project, annotation))
 }
 
+/// What the connect tests share: the recorded webhook bodies
+/// (`tests/fixtures/label-studio`) and the default field names.
 #[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
 
-    fn fixture(name: &str) -> Value {
+    pub fn fixture(name: &str) -> Value {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/label-studio")
             .join(name);
@@ -302,7 +304,7 @@ mod tests {
         serde_json::from_str(&text).unwrap()
     }
 
-    fn fields() -> Mapping {
+    pub fn fields() -> Mapping {
         Mapping {
             inference_id_field: "inference_id".into(),
             model_id_field: "model_id".into(),
@@ -310,6 +312,12 @@ mod tests {
             ..Mapping::default()
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
 
     fn votes_of(map: &Mapping, body: &Value) -> Vec<Value> {
         let project = Project::of(&body["project"]);

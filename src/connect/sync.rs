@@ -258,26 +258,14 @@ mod tests {
 
     #[test]
     fn only_annotations_updated_since_count() {
-        let body: Value = serde_json::from_str(
-            &std::fs::read_to_string(
-                std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                    .join("tests/fixtures/label-studio/004_ANNOTATION_UPDATED.json"),
-            )
-            .unwrap(),
-        )
-        .unwrap();
+        let body = crate::connect::mapping::fixtures::fixture("004_ANNOTATION_UPDATED.json");
         let project = Project::of(&body["project"]);
         let mut task = body["task"].clone();
         let mut old = body["annotation"].clone();
         old["updated_at"] = "2026-11-25T22:00:00Z".into();
         old["id"] = 9.into();
         task["annotations"] = serde_json::json!([old, body["annotation"]]);
-        let map = Mapping {
-            inference_id_field: "inference_id".into(),
-            model_id_field: "model_id".into(),
-            inference_time_field: "inference_time".into(),
-            ..Mapping::default()
-        };
+        let map = crate::connect::mapping::fixtures::fields();
         let since = parse_timestamp("2026-11-25T22:30:00Z").unwrap();
         let end = parse_timestamp("2026-11-25T23:00:00Z").unwrap();
         let votes = votes_since(&map, &project, &[task.clone()], Some(since), end);
