@@ -382,7 +382,7 @@ fn main() -> ExitCode {
                 }
             }
             jurystream::service::produce::produce(&input, &topic, &brokers, &props).map(|n| {
-                eprintln!("produced {n} messages to {topic}");
+                eprintln!("produced {n} messages to {topic}, every one acknowledged by the broker");
             })
         }
         Command::Replay {

@@ -76,7 +76,35 @@ pub fn key_of(line: &[u8]) -> Option<String> {
     }
 }
 
-/// Publishes every non-blank line of `input`; returns how many were sent.
+/// Counts the records the broker did not acknowledge (delivery reports).
+#[derive(Default)]
+struct Acks {
+    failed: std::sync::atomic::AtomicU64,
+    first_error: std::sync::Mutex<Option<String>>,
+}
+
+impl rdkafka::ClientContext for Acks {}
+
+impl rdkafka::producer::ProducerContext for Acks {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, _: ()) {
+        if let Err((e, _)) = result {
+            self.failed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut first = self.first_error.lock().unwrap_or_else(|p| p.into_inner());
+            first.get_or_insert_with(|| e.to_string());
+        }
+    }
+}
+
+/// How long `produce` waits for the broker to acknowledge what it sent.
+const PRODUCE_FLUSH: Duration = Duration::from_secs(120);
+
+/// Publishes every non-blank line of `input`; returns how many the broker
+/// acknowledged, which is all of them or an error that says how many were
+/// not. A topic that does not exist is named in the error before anything
+/// is sent.
 pub fn produce(
     input: &Path,
     topic: &str,
@@ -91,7 +119,24 @@ pub fn produce(
     for (k, v) in properties {
         cfg.set(k, v);
     }
-    let producer: BaseProducer = cfg.create().context("cannot create the producer")?;
+    let producer: BaseProducer<Acks> = cfg
+        .create_with_context(Acks::default())
+        .context("cannot create the producer")?;
+    let md = producer
+        .client()
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .map_err(|e| anyhow!("cannot read the metadata of {topic} from {brokers}: {e}"))?;
+    let exists = md
+        .topics()
+        .iter()
+        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+    if !exists {
+        return Err(anyhow!(
+            "topic {topic} does not exist on {brokers}; nothing was sent. Create it \
+             (`jurystream run` creates its input topics at start when kafka.create_topics is \
+             true) and publish again"
+        ));
+    }
     let file =
         std::fs::File::open(input).with_context(|| format!("cannot open {}", input.display()))?;
     let mut reader = BufReader::with_capacity(1 << 20, file);
@@ -115,9 +160,29 @@ pub fn produce(
         sent += 1;
         producer.poll(Duration::ZERO);
     }
-    producer
-        .flush(Duration::from_secs(120))
-        .map_err(|e| anyhow!("flush to {topic}: {e}"))?;
+    let flushed = producer.flush(PRODUCE_FLUSH);
+    let unanswered = producer.in_flight_count().max(0) as u64;
+    let failed = producer
+        .context()
+        .failed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    if failed + unanswered > 0 || flushed.is_err() {
+        let first = producer
+            .context()
+            .first_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .or_else(|| flushed.err().map(|e| e.to_string()))
+            .unwrap_or_default();
+        return Err(anyhow!(
+            "{} of {sent} messages to {topic} were not acknowledged by the broker \
+             ({failed} failed, {unanswered} unanswered after {} s; first error: {first}); \
+             publishing the file again is safe: jurystream drops the votes it already has",
+            failed + unanswered,
+            PRODUCE_FLUSH.as_secs()
+        ));
+    }
     Ok(sent)
 }
 
