@@ -41,9 +41,41 @@ const MAX_ID_BYTES: usize = 256;
 /// Largest peer answer read.
 const MAX_PEER_ANSWER: usize = 64 << 20;
 
+/// Store reads of the query API running at a time.
+const STORE_READERS: usize = 4;
+
+/// Runs a read of this instance's stores on tokio's blocking pool, at most
+/// [`STORE_READERS`] at a time, so that the runtime thread that answers
+/// `/healthz`, `/readyz` and `/metrics` never waits for RocksDB (a long
+/// scan used to stall a liveness probe). A store error is its answer.
+async fn off_runtime<T: Send + 'static>(
+    api: &Arc<Api>,
+    read: impl FnOnce(&Holdings) -> Result<T, crate::state::StoreError> + Send + 'static,
+) -> Result<T, Response> {
+    let Ok(permit) = api.readers.clone().acquire_owned().await else {
+        return Err(error(StatusCode::SERVICE_UNAVAILABLE, "shutting down"));
+    };
+    let holdings = api.holdings.clone();
+    match tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        read(&holdings)
+    })
+    .await
+    {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(store_error(e)),
+        Err(e) => Err(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("store read failed: {e}"),
+        )),
+    }
+}
+
 /// What the routes share.
 pub struct Api {
     holdings: Arc<Holdings>,
+    /// Store reads running at a time ([`off_runtime`]).
+    readers: Arc<tokio::sync::Semaphore>,
     token: Option<String>,
     peers: Vec<String>,
     peer_timeout: Duration,
@@ -63,6 +95,7 @@ impl Api {
         connector.set_nodelay(true);
         Arc::new(Api {
             holdings,
+            readers: Arc::new(tokio::sync::Semaphore::new(STORE_READERS)),
             token: (!token.is_empty()).then(|| token.to_owned()),
             peers: peers
                 .iter()
@@ -197,38 +230,38 @@ fn store_error(e: crate::state::StoreError) -> Response {
     )
 }
 
-fn local<T: Serialize>(r: Result<LocalAnswer<T>, crate::state::StoreError>) -> Response {
+fn local<T: Serialize>(r: Result<LocalAnswer<T>, Response>) -> Response {
     match r {
         Ok(a) => Json(a).into_response(),
-        Err(e) => store_error(e),
+        Err(r) => r,
     }
 }
 
 async fn local_inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     match id_from(&uri, "inference id") {
-        Ok(id) => local(api.holdings.inference(&id)),
+        Ok(id) => local(off_runtime(&api, move |h| h.inference(&id)).await),
         Err(m) => bad_request(m),
     }
 }
 
 async fn local_leaderboard(State(api): State<Arc<Api>>) -> Response {
-    local(api.holdings.board())
+    local(off_runtime(&api, |h| h.board()).await)
 }
 
 async fn local_rubrics(State(api): State<Arc<Api>>) -> Response {
-    local(api.holdings.rubrics())
+    local(off_runtime(&api, |h| h.rubrics()).await)
 }
 
 async fn local_voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     match id_from(&uri, "voter id") {
-        Ok(id) => local(api.holdings.voter(&id)),
+        Ok(id) => local(off_runtime(&api, move |h| h.voter(&id)).await),
         Err(m) => bad_request(m),
     }
 }
 
 async fn local_voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     match params_from(&uri, &["voter_prompt_id"]).map(|mut p| p.remove("voter_prompt_id")) {
-        Ok(Some(r)) => local(api.holdings.voters_of(&r)),
+        Ok(Some(r)) => local(off_runtime(&api, move |h| h.voters_of(&r)).await),
         Ok(None) => bad_request("voter_prompt_id is required".into()),
         Err(m) => bad_request(m),
     }
@@ -314,9 +347,10 @@ async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Ok(id) => id,
         Err(m) => return bad_request(m),
     };
-    let own = match api.holdings.inference(&id) {
+    let read = id.clone();
+    let own = match off_runtime(&api, move |h| h.inference(&read)).await {
         Ok(a) => a,
-        Err(e) => return store_error(e),
+        Err(r) => return r,
     };
     let path = format!("/v1/local/inferences/{}", percent_encode(&id));
     let (answers, errors) = gather(&api, own, path).await;
@@ -335,9 +369,9 @@ async fn leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Ok(r) => r,
         Err(m) => return bad_request(m),
     };
-    let own = match api.holdings.board() {
+    let own = match off_runtime(&api, |h| h.board()).await {
         Ok(a) => a,
-        Err(e) => return store_error(e),
+        Err(r) => return r,
     };
     let (answers, errors) = gather(&api, own, "/v1/local/leaderboard".into()).await;
     match merge_board(answers, rubric.as_deref()) {
@@ -350,9 +384,9 @@ async fn rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     if let Err(m) = params_from(&uri, &[]) {
         return bad_request(m);
     }
-    let own = match api.holdings.rubrics() {
+    let own = match off_runtime(&api, |h| h.rubrics()).await {
         Ok(a) => a,
-        Err(e) => return store_error(e),
+        Err(r) => return r,
     };
     let (answers, errors) = gather(&api, own, "/v1/local/rubrics".into()).await;
     match merge_rubrics(answers) {
@@ -366,9 +400,10 @@ async fn voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Ok(id) => id,
         Err(m) => return bad_request(m),
     };
-    let own = match api.holdings.voter(&id) {
+    let read = id.clone();
+    let own = match off_runtime(&api, move |h| h.voter(&read)).await {
         Ok(a) => a,
-        Err(e) => return store_error(e),
+        Err(r) => return r,
     };
     let path = format!("/v1/local/voters/{}", percent_encode(&id));
     let (answers, errors) = gather(&api, own, path).await;
@@ -387,9 +422,10 @@ async fn voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Ok(q) => q,
         Err(m) => return bad_request(m),
     };
-    let own = match api.holdings.voters_of(&rubric) {
+    let read = rubric.clone();
+    let own = match off_runtime(&api, move |h| h.voters_of(&read)).await {
         Ok(a) => a,
-        Err(e) => return store_error(e),
+        Err(r) => return r,
     };
     let path = format!(
         "/v1/local/voters?voter_prompt_id={}",
