@@ -30,8 +30,79 @@ pub struct Names {
     pub transactional_id: String,
 }
 
+/// This process's hold on `state.dir`: an exclusive lock on
+/// `state.dir/LOCK` for as long as it lives, and the instance id kept in
+/// `state.dir/instance-id` (made once, at the directory's first use). Two
+/// processes cannot hold one state directory, so two instances on one host
+/// (systemd units, containers sharing a host name) can never share an id,
+/// and a restart keeps its id (Kafka Streams keys its transactional ids by
+/// a process id kept in its state directory the same way).
+pub struct StateDirLock {
+    _file: std::fs::File,
+    pub instance_id: String,
+}
+
+impl StateDirLock {
+    pub fn acquire(dir: &std::path::Path) -> Result<StateDirLock> {
+        use std::os::fd::AsRawFd;
+        std::fs::create_dir_all(dir).map_err(|e| ServiceError::io(dir.display(), e))?;
+        let lock_path = dir.join("LOCK");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| ServiceError::io(lock_path.display(), e))?;
+        // flock: released by the kernel when the process ends, however.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(ServiceError::config(format!(
+                "state.dir {} is in use by another jurystream process (lock {}): \
+                 each instance needs a state directory of its own",
+                dir.display(),
+                lock_path.display()
+            )));
+        }
+        let id_path = dir.join("instance-id");
+        let instance_id = match std::fs::read_to_string(&id_path) {
+            Ok(s) if !s.trim().is_empty() => s.trim().to_owned(),
+            _ => {
+                let id = new_instance_id();
+                let tmp = dir.join("instance-id.tmp");
+                std::fs::write(&tmp, format!("{id}\n"))
+                    .and_then(|()| std::fs::rename(&tmp, &id_path))
+                    .map_err(|e| ServiceError::io(id_path.display(), e))?;
+                id
+            }
+        };
+        Ok(StateDirLock {
+            _file: file,
+            instance_id,
+        })
+    }
+}
+
+/// A new instance id: 16 hex digits of a hash of the host name, the
+/// process id and the clock (unique enough for a handful of instances; no
+/// random-number crate for one number).
+fn new_instance_id() -> String {
+    let seed = format!(
+        "{}/{}/{}",
+        hostname().unwrap_or_default(),
+        std::process::id(),
+        crate::time::wall_clock()
+    );
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(seed.as_bytes()))
+}
+
 impl Names {
+    /// The names of `cfg`; the instance part of the transactional id is
+    /// `$JURYSTREAM_INSTANCE_ID` when set, else `instance_id` (the state
+    /// directory's, [`StateDirLock`]).
     pub fn new(cfg: &Config) -> Names {
+        Self::with_instance(cfg, None)
+    }
+
+    pub fn with_instance(cfg: &Config, instance_id: Option<&str>) -> Names {
         let k = &cfg.kafka;
         let changelog_base = if k.changelog_topic.is_empty() {
             format!("{}-changelog", k.group_id)
@@ -46,6 +117,7 @@ impl Names {
         let instance = std::env::var("JURYSTREAM_INSTANCE_ID")
             .ok()
             .filter(|s| !s.is_empty())
+            .or_else(|| instance_id.map(str::to_owned))
             .or_else(hostname)
             .unwrap_or_else(|| "0".into());
         Names {
@@ -232,5 +304,29 @@ mod tests {
         let e = check_outbox_partitioner(&cfg).unwrap_err();
         assert_eq!(e.fault(), super::super::error::Fault::Config);
         assert!(e.to_string().contains("murmur2_random"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod state_dir_tests {
+    use super::*;
+
+    #[test]
+    fn a_state_dir_has_one_process_and_keeps_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = StateDirLock::acquire(dir.path()).unwrap();
+        assert_eq!(first.instance_id.len(), 16);
+        // A second holder (another process, or another open here: flock
+        // locks are per open file) is refused, naming the directory.
+        let err = StateDirLock::acquire(dir.path()).err().expect("in use");
+        assert!(!err.is_retriable());
+        assert!(err.to_string().contains("in use"), "{err}");
+        let id = first.instance_id.clone();
+        drop(first);
+        // A restart keeps the id.
+        assert_eq!(StateDirLock::acquire(dir.path()).unwrap().instance_id, id);
+        // Another directory gets another id.
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(StateDirLock::acquire(other.path()).unwrap().instance_id, id);
     }
 }

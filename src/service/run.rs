@@ -13,7 +13,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{check_outbox_partitioner, client_config, Names, Tp};
+use super::client::{check_outbox_partitioner, client_config, Names, StateDirLock, Tp};
 use super::context::{Consumer, Ctx, ProduceCtx};
 use super::delivery::protocol;
 use super::error::{Result, ServiceError};
@@ -38,7 +38,11 @@ pub fn backoff(n: u32) -> Duration {
 /// Runs the service until `stop` is set. Retriable failures rebuild the
 /// session with backoff; fatal ones are returned.
 pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
-    let names = Names::new(&cfg);
+    // Held until the process ends: no other process can use state.dir.
+    let state_dir = StateDirLock::acquire(std::path::Path::new(&cfg.state.dir))?;
+    let names = Names::with_instance(&cfg, Some(&state_dir.instance_id));
+    tracing::info!(transactional_id = %names.transactional_id, state_dir = %cfg.state.dir,
+        "instance identity");
     let metrics = Metrics::new(cfg.metrics.max_label_values as usize);
     let addr: std::net::SocketAddr = cfg
         .metrics
