@@ -56,8 +56,12 @@ enum Command {
     /// Run the Kafka service: consume votes from kafka.input_topics as
     /// consumer group kafka.group_id, score them, and publish score_updated,
     /// ambiguity_flagged and vote_rejected events to the outputs.* topics,
-    /// exactly once (one Kafka transaction per commit cycle holding outputs,
-    /// state changelog and input offsets; RocksDB under state.dir).
+    /// committing every kafka.commit_interval_ms as kafka.delivery says:
+    /// exactly_once (the default: each cycle is one Kafka transaction holding
+    /// outputs, state changelog and input offsets), exactly_once_outbox
+    /// (exactly once without broker transactions: a cycle's events go to the
+    /// changelog first) or at_least_once. State: RocksDB under state.dir,
+    /// which one process holds at a time.
     ///
     /// SIGTERM/SIGINT stop polling, finish (or abort) the open cycle and exit
     /// 0. A shutdown still running after kafka.shutdown_timeout_ms exits with
