@@ -21,9 +21,12 @@ use crate::time::{parse_timestamp, wall_clock, Nanos, NANOS_PER_SEC};
 /// votes it recovers (webhooks that were lost) from those it repeats.
 /// Bounded: the oldest go first.
 pub struct Recent {
-    inner: Mutex<(HashSet<String>, VecDeque<(Instant, String)>)>,
+    inner: Mutex<RecentIds>,
     keep: Duration,
 }
+
+/// The ids, and the same in the order they came (with when).
+type RecentIds = (HashSet<String>, VecDeque<(Instant, String)>);
 
 /// Most vote ids [`Recent`] remembers (about 100 MB at most).
 const MAX_RECENT: usize = 1_000_000;

@@ -297,7 +297,7 @@ pub(super) struct ReviewerEntry {
 /// Approximate memory of a cached reviewer: its slot and the voter id's
 /// heap block (the rubric's is shared with the series).
 pub(super) fn reviewer_bytes(voter_id: &Id) -> usize {
-    super::cache::slot::<(ReviewerKey, ReviewerEntry)>() + super::cache::id_block(voter_id)
+    super::memory::slot::<(ReviewerKey, ReviewerEntry)>() + super::memory::id_block(voter_id)
 }
 
 impl Engine {

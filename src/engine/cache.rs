@@ -8,6 +8,7 @@
 //! is not scanned again after every cycle.
 
 use super::agreement::reviewer_bytes;
+use super::memory::{block, id_block, slot};
 use super::{vote_identity, Engine, SeriesKey, SeriesState};
 use crate::input::{Id, Vote};
 use crate::time::Nanos;
@@ -108,33 +109,8 @@ impl IdentityEntry {
     }
 }
 
-/// A hash table slot costs its size plus a control byte, divided by the
-/// load factor, which is 7/16 right after the table doubles and at least
-/// that otherwise (a table only grows by doubling, and [`Engine::evict`]
-/// shrinks one that eviction left below it): counting that worst case
-/// keeps a table's memory within the budget at any load. `T` is the
-/// table's (key, value) pair, whose size includes alignment padding.
-pub(super) const fn slot<T>() -> usize {
-    (std::mem::size_of::<T>() + 1) * 16 / 7
-}
-
-/// A heap block: the allocator's header and rounding to 16 bytes.
-pub(super) const fn block(bytes: usize) -> usize {
-    8 + bytes.div_ceil(16) * 16
-}
-
 /// Approximate memory of a cached identity: its hash table slot.
 pub(super) const IDENTITY_BYTES: usize = slot::<(IdKey, IdentityEntry)>();
-
-/// The heap block of an id: none for one short enough to be held inline.
-pub(super) fn id_block(id: &Id) -> usize {
-    if id.is_heap_allocated() {
-        // The shared string's reference counts, then its bytes.
-        block(16 + id.len())
-    } else {
-        0
-    }
-}
 
 /// Approximate memory of a cached series: its slot, its entry's heap
 /// block, and the heap blocks of the key's two ids (shared with open

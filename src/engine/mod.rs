@@ -9,6 +9,7 @@ pub mod agreement;
 pub mod board;
 mod cache;
 mod identity;
+mod memory;
 
 pub use cache::Wants;
 pub mod score;

@@ -2,12 +2,16 @@
 //! configuration, client settings, the record sender, and the partitioner
 //! that outbox mode computes itself.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
+
+use rustc_hash::FxHashMap;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, ProducerContext};
 use rdkafka::ClientContext;
 
@@ -22,6 +26,11 @@ pub type Tp = (String, i32);
 /// cycle. It makes each event traceable and lets a restoring instance see
 /// which events of an interrupted cycle already reached the broker.
 pub const ORIGIN_HEADER: &str = "jurystream-origin";
+
+/// Where one partition's RocksDB lives.
+pub fn partition_dir(cfg: &Config, tp: &Tp) -> std::path::PathBuf {
+    std::path::PathBuf::from(&cfg.state.dir).join(format!("{}-{}", tp.0, tp.1))
+}
 
 /// Names the service derives from the configuration.
 #[derive(Clone)]
@@ -268,6 +277,60 @@ pub fn outbox_partition(key: Option<&[u8]>, n: i32, input_partition: i32) -> i32
     match key {
         Some(k) if !k.is_empty() => (crc32fast::hash(k) % n as u32) as i32,
         _ => input_partition.rem_euclid(n),
+    }
+}
+
+/// Remembers the highest acknowledged offset per topic partition and the
+/// first delivery failure.
+#[derive(Default)]
+pub struct ProduceCtx {
+    /// Topic → partition → offset: a report looks its topic up by `&str`
+    /// (no allocation per acknowledged record), with a fast hash (SipHash
+    /// was ~1 % of the poll loop: one lookup per acknowledged record).
+    acked: Mutex<FxHashMap<String, FxHashMap<i32, i64>>>,
+    failure: Mutex<Option<KafkaError>>,
+}
+
+impl ProduceCtx {
+    /// The first delivery failure since the last call, if any.
+    pub fn take_failure(&self) -> Option<KafkaError> {
+        self.failure.lock().ok().and_then(|mut f| f.take())
+    }
+
+    /// The highest acknowledged offset of every partition written to.
+    pub fn acked(&self) -> HashMap<Tp, i64> {
+        let Ok(map) = self.acked.lock() else {
+            return HashMap::new();
+        };
+        map.iter()
+            .flat_map(|(topic, parts)| parts.iter().map(|(p, o)| ((topic.clone(), *p), *o)))
+            .collect()
+    }
+}
+
+impl ClientContext for ProduceCtx {}
+
+impl ProducerContext for ProduceCtx {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(m) => {
+                if let Ok(mut map) = self.acked.lock() {
+                    let parts = match map.get_mut(m.topic()) {
+                        Some(parts) => parts,
+                        None => map.entry(m.topic().to_owned()).or_default(),
+                    };
+                    let e = parts.entry(m.partition()).or_insert(-1);
+                    *e = (*e).max(m.offset());
+                }
+            }
+            Err((e, _)) => {
+                if let Ok(mut f) = self.failure.lock() {
+                    f.get_or_insert_with(|| e.clone());
+                }
+            }
+        }
     }
 }
 

@@ -73,6 +73,19 @@ impl ServiceError {
         Self::new(Fault::Internal, true, message)
     }
 
+    /// A state write that did not finish in time: the session is rebuilt
+    /// (the write finishes in the background, and the next open of its
+    /// directory waits for it).
+    pub fn slow_store(message: impl Into<String>) -> Self {
+        Self::new(Fault::Store, true, message)
+    }
+
+    /// A thread that cannot start (the process is out of threads or
+    /// memory): the session is rebuilt with backoff.
+    pub fn thread(what: &str, e: std::io::Error) -> Self {
+        Self::new(Fault::Internal, true, format!("cannot start {what}: {e}"))
+    }
+
     /// A local disk failure (not RocksDB itself): fatal.
     pub fn io(what: impl fmt::Display, e: std::io::Error) -> Self {
         Self::new(Fault::Store, false, format!("{what}: {e}"))

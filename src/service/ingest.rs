@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use super::changelog::OutEvent;
 use super::client::{outbox_partition, send, Out, Tp};
+use super::cycle::holds_events;
 use super::error::Result;
 use super::reconcile::origin;
 use super::session::{not_assigned, Session};
-use crate::engine::{vote_identity, Outcome, Wants};
+use crate::engine::Outcome;
 use crate::input::{check_future_skew, decode_vote, dlq_payload, Rejection};
 use crate::output::{score_update_events, vote_rejected_json, Route, Source};
 use crate::time::{format_timestamp, wall_clock, Nanos};
@@ -37,25 +38,9 @@ impl Session {
         key: Option<&[u8]>,
         payload: Option<&[u8]>,
     ) -> Result<()> {
-        let part = self.part_mut(tp)?;
-        if offset < part.next_offset {
-            // Already in the state: a cycle whose offsets were not committed
-            // to the group but whose changelog marker was.
-            if !part.skip_logged {
-                part.skip_logged = true;
-                tracing::info!(topic = %tp.0, partition = tp.1, offset, next = part.next_offset,
-                    "skipping input records the restored state already holds");
-            }
+        if !self.part_mut(tp)?.take_offset(tp, offset) {
             return Ok(());
         }
-        if part.next_offset >= 0 && offset > part.next_offset {
-            // Normal after compaction or transaction markers in the input.
-            tracing::debug!(topic = %tp.0, partition = tp.1, offset, expected = part.next_offset,
-                "input offsets skip ahead");
-        }
-        part.last_record = Instant::now();
-        part.next_offset = offset + 1;
-        part.dirty = true;
         self.ensure_cycle()?;
         let now = wall_clock();
         let payload = payload.unwrap_or(&[]);
@@ -65,16 +50,7 @@ impl Session {
             Err(r) => Some(r),
             Ok(vote) => {
                 let part = self.parts.get_mut(tp).ok_or_else(|| not_assigned(tp))?;
-                // Series and identity from RocksDB when the cache lacks them.
-                let identity = vote_identity(&vote);
-                let wants = part.engine.wants_with_identity(&vote, identity);
-                if wants != Wants::default() {
-                    part.store.provide(&mut part.engine, &[wants])?;
-                }
-                match part
-                    .engine
-                    .process_with_identity(&vote, identity, &mut self.updates)
-                {
+                match part.process(&vote, &mut self.updates)? {
                     Outcome::Accepted if self.updates.is_empty() => None,
                     Outcome::Accepted => {
                         self.emit_updates(tp, now)?;
@@ -94,37 +70,19 @@ impl Session {
             self.reject(tp, &r, key, payload, &source, now)?;
         }
         // Counters and gauges are folded in once per cycle (refresh_gauges).
-        match self.offsets.get_mut(tp) {
-            Some(o) => *o = offset + 1,
-            None => {
-                self.offsets.insert(tp.clone(), offset + 1);
-            }
-        }
+        self.note_offset(tp, offset + 1);
         Ok(())
     }
 
     /// One output event of partition `tp`'s open cycle: sent now, or held
     /// for the outbox.
-    fn emit(
-        &mut self,
-        tp: &Tp,
-        route: Route,
-        key: Option<&[u8]>,
-        mut payload: Vec<u8>,
-    ) -> Result<()> {
-        let holds = self.protocol.holds_events();
+    fn emit(&mut self, tp: &Tp, route: Route, key: Option<&[u8]>, payload: Vec<u8>) -> Result<()> {
+        let holds = holds_events(self.delivery);
         let n = self.outputs.partitions(route);
         let part = self.part_mut(tp)?;
-        let idx = part.out_count;
-        part.out_count += 1;
-        part.dirty = true;
+        let (seq, idx) = part.next_event();
         if holds {
-            // Held until the cycle commits, and counted by its length: an
-            // event is encoded into a 1 KiB buffer (see `output::to_json`),
-            // which glibc shrinks in place.
-            payload.shrink_to_fit();
-            part.out_bytes += payload.len() + key.map_or(0, <[u8]>::len);
-            part.out.push(OutEvent {
+            part.hold(OutEvent {
                 route,
                 partition: outbox_partition(key, n, tp.1),
                 key: key.map(<[u8]>::to_vec),
@@ -132,7 +90,6 @@ impl Session {
             });
             Ok(())
         } else {
-            let o = origin(tp, part.marker.seq + 1, idx);
             send(
                 &self.producer,
                 Out {
@@ -140,13 +97,12 @@ impl Session {
                     key,
                     payload: Some(&payload),
                     partition: None,
-                    origin: Some(&o),
+                    origin: Some(&origin(tp, seq, idx)),
                 },
             )
         }
     }
 
-    /// Emits the events of the score updates in `self.updates`.
     fn emit_updates(&mut self, tp: &Tp, now: Nanos) -> Result<()> {
         let updates = std::mem::take(&mut self.updates);
         let processed_at = format_timestamp(now);
@@ -190,7 +146,7 @@ impl Session {
         let idle = Duration::from_secs_f64(self.cfg.batching.idle_flush_seconds);
         let grace = crate::config::seconds_to_ns(self.cfg.batching.grace_seconds);
         let due = idle_due(
-            self.parts.iter().map(|(tp, p)| (tp, p.last_record)),
+            self.parts.iter().map(|(tp, p)| (tp, p.last_record())),
             Instant::now(),
             idle,
         );
@@ -198,9 +154,7 @@ impl Session {
             self.ensure_cycle()?;
             let now = wall_clock();
             let part = self.parts.get_mut(&tp).ok_or_else(|| not_assigned(&tp))?;
-            part.last_record = Instant::now();
-            part.engine
-                .advance_watermark(now - grace, &mut self.updates);
+            part.advance_watermark(now - grace, &mut self.updates);
             if !self.updates.is_empty() {
                 tracing::debug!(topic = %tp.0, partition = tp.1, closed = self.updates.len(), "idle flush");
             }

@@ -17,10 +17,13 @@
 mod changelog;
 mod client;
 mod context;
+mod cycle;
 mod delivery;
 pub mod error;
 mod ingest;
+mod part;
 pub mod produce;
+mod rebalance;
 mod reconcile;
 mod restore;
 mod run;

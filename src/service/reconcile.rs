@@ -6,6 +6,7 @@
 //! read of the output topics and the publishing are at the edges.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -13,10 +14,9 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::changelog::{read_outbox, CycleMarker, OutEvent};
+use super::changelog::{CycleMarker, OutEvent};
 use super::client::{reader_config, QuietEof, Tp, ORIGIN_HEADER};
 use super::error::{Result, ServiceError};
-use super::session::Session;
 use crate::config::Config;
 use crate::output::Route;
 
@@ -88,61 +88,50 @@ pub fn missing(cycles: &[Cycle], present: &HashSet<(usize, u32)>) -> Vec<(usize,
     out
 }
 
-impl Session {
-    /// Publishes the events of each partition's last cycle that are not in
-    /// the output topics yet, then records those cycles as delivered.
-    pub fn reconcile(&mut self, tps: &[Tp]) -> Result<()> {
-        let started = Instant::now();
-        let mut cycles = Vec::new();
-        for tp in tps {
-            let part = self
-                .parts
-                .get(tp)
-                .ok_or_else(|| ServiceError::internal("reconcile of an unassigned partition"))?;
-            cycles.push(Cycle {
-                tp: tp.clone(),
-                marker: part.marker.clone(),
-                events: read_outbox(&part.store, &part.marker)?,
-            });
-        }
-        let wanted: HashMap<String, usize> = cycles
-            .iter()
-            .enumerate()
-            .map(|(i, c)| (origin_prefix(&c.tp, c.marker.seq), i))
-            .collect();
-        let mut present = HashSet::new();
-        for (route, partitions) in scan_plan(&cycles) {
-            scan_origins(
-                &self.cfg,
-                self.outputs.topic(route),
-                &partitions,
-                &wanted,
-                &mut present,
-            )?;
-        }
-        let todo = missing(&cycles, &present);
-        let mut resent = vec![0usize; cycles.len()];
-        for &(i, j) in &todo {
-            let c = &cycles[i];
-            self.publish_outboxed(&c.tp, c.marker.seq, j, &c.events[j as usize])?;
-            resent[i] += 1;
-        }
-        if !todo.is_empty() {
-            self.flush_acked("re-publish the interrupted cycle's events")?;
-        }
-        for (c, n) in cycles.iter().zip(&resent) {
-            tracing::info!(
-                topic = %c.tp.0,
-                partition = c.tp.1,
-                cycle = c.marker.seq,
-                events = c.events.len(),
-                published_now = n,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "completed the delivery of the last cycle before this restore"
-            );
-        }
-        self.write_delivered(tps)
+/// The events of `cycles` (interrupted outbox cycles) that are not in
+/// the output topics, by cycle: what the new owner must publish before the
+/// cycles count as delivered. Runs on the restore thread (reading the
+/// outputs can take long; the poll loop must not wait for it) and gives up
+/// when `cancel` is set.
+pub fn undelivered(cfg: &Config, cycles: &[Cycle], cancel: &AtomicBool) -> Result<Vec<Vec<u32>>> {
+    let started = Instant::now();
+    let wanted: HashMap<String, usize> = cycles
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (origin_prefix(&c.tp, c.marker.seq), i))
+        .collect();
+    let topics = [
+        &cfg.outputs.scores_topic,
+        &cfg.outputs.flags_topic,
+        &cfg.outputs.dlq_topic,
+    ];
+    let mut present = HashSet::new();
+    for (route, partitions) in scan_plan(cycles) {
+        scan_origins(
+            cfg,
+            topics[route.index()],
+            &partitions,
+            &wanted,
+            &mut present,
+            cancel,
+        )?;
     }
+    let mut out = vec![Vec::new(); cycles.len()];
+    for (i, j) in missing(cycles, &present) {
+        out[i].push(j);
+    }
+    for (c, todo) in cycles.iter().zip(&out) {
+        tracing::info!(
+            topic = %c.tp.0,
+            partition = c.tp.1,
+            cycle = c.marker.seq,
+            events = c.events.len(),
+            missing = todo.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "checked the outputs for the last cycle before this restore"
+        );
+    }
+    Ok(out)
 }
 
 /// Reads `topic`'s `partitions` from the given offsets to their end and
@@ -154,6 +143,7 @@ fn scan_origins(
     partitions: &BTreeMap<i32, Option<i64>>,
     wanted: &HashMap<String, usize>,
     present: &mut HashSet<(usize, u32)>,
+    cancel: &AtomicBool,
 ) -> Result<()> {
     let consumer: BaseConsumer<QuietEof> = reader_config(cfg, "reconcile")
         .create_with_context(QuietEof)
@@ -170,6 +160,9 @@ fn scan_origins(
     let mut done = HashSet::new();
     let deadline = Instant::now() + Duration::from_secs(600);
     while done.len() < partitions.len() {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(ServiceError::broker("restore cancelled by a rebalance"));
+        }
         match consumer.poll(Duration::from_millis(100)) {
             None => {
                 if Instant::now() > deadline {

@@ -11,8 +11,9 @@
 //! loop once the thread is done.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -21,20 +22,34 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::changelog::{read_marker, CycleApplier, CHANGELOG_POS};
-use super::client::{reader_config, Names, QuietEof, Tp};
-use super::context::Consumer;
+use super::changelog::{read_marker, read_outbox, CycleApplier, OutEvent, CHANGELOG_POS};
+use super::client::{partition_dir, reader_config, Names, QuietEof, Tp};
 use super::error::{Result, ServiceError};
-use super::session::{partition_dir, Part, Session};
+use super::part::{wait_released, Part};
+use super::reconcile::{undelivered, Cycle};
 use crate::config::Config;
 use crate::state::Store;
 
-/// A restored partition and the keys of changelog records after its last
-/// cycle marker (an interrupted cycle's, never applied).
+/// A restored partition, the keys of changelog records after its last
+/// cycle marker (an interrupted cycle's, never applied), and (outbox mode)
+/// its last cycle's events missing from the outputs, when that cycle is
+/// not known to be delivered.
 pub struct Restored {
     pub tp: Tp,
     pub part: Part,
     pub leftover: Vec<Vec<u8>>,
+    pub undelivered: Option<Undelivered>,
+}
+
+/// An interrupted outbox cycle's events that are not in the outputs, with
+/// their index in the cycle.
+pub struct Undelivered {
+    pub seq: u64,
+    pub events: Vec<(u32, OutEvent)>,
+}
+
+fn cancelled() -> ServiceError {
+    ServiceError::broker("restore cancelled by a rebalance")
 }
 
 /// Partition databases present under state.dir for the input topics.
@@ -66,7 +81,12 @@ pub fn restore_partitions(
     let started = Instant::now();
     let mut stores = Vec::new();
     for tp in tps {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(cancelled());
+        }
         let dir = partition_dir(cfg, tp);
+        // An earlier owner's write (or restore) may still hold it.
+        wait_released(&dir, cancel)?;
         std::fs::create_dir_all(&dir)
             .map_err(|e| ServiceError::io(format!("cannot create {}", dir.display()), e))?;
         let store = Store::open(&dir)?;
@@ -76,6 +96,9 @@ pub fn restore_partitions(
     let caught = catch_up(cfg, names, &stores, cancel)?;
     let mut out = Vec::new();
     for ((tp, store, _), applier) in stores.into_iter().zip(caught) {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(cancelled());
+        }
         let (engine, stats) = store.load(cfg.engine())?;
         let marker = read_marker(&store)?;
         tracing::info!(
@@ -86,7 +109,7 @@ pub fn restore_partitions(
             series = stats.series,
             next_offset = marker.as_ref().map_or(-1, |m| m.next_offset),
             // Outbox mode: a last cycle with events not marked delivered,
-            // which `Session::adopt` completes.
+            // checked against the outputs below.
             in_doubt = marker.as_ref().is_some_and(|m| !m.delivered && m.outbox_chunks > 0),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "partition state restored"
@@ -95,9 +118,46 @@ pub fn restore_partitions(
             tp,
             part: Part::new(store, engine, marker),
             leftover: applier.leftover_keys(),
+            undelivered: None,
         });
     }
+    check_outputs(cfg, &mut out, cancel)?;
     Ok(out)
+}
+
+/// Outbox mode: for each restored partition whose last cycle is not known
+/// to be delivered, finds the events of that cycle missing from the
+/// outputs (by their origin headers).
+fn check_outputs(cfg: &Config, restored: &mut [Restored], cancel: &AtomicBool) -> Result<()> {
+    let mut cycles = Vec::new();
+    let mut at = Vec::new();
+    for (i, r) in restored.iter().enumerate() {
+        if r.part.in_doubt() {
+            let marker = r.part.marker().clone();
+            let events = read_outbox(r.part.store(), &marker)?;
+            cycles.push(Cycle {
+                tp: r.tp.clone(),
+                marker,
+                events,
+            });
+            at.push(i);
+        }
+    }
+    if cycles.is_empty() {
+        return Ok(());
+    }
+    let missing = undelivered(cfg, &cycles, cancel)?;
+    for ((cycle, todo), i) in cycles.into_iter().zip(missing).zip(at) {
+        let mut events: Vec<Option<OutEvent>> = cycle.events.into_iter().map(Some).collect();
+        restored[i].undelivered = Some(Undelivered {
+            seq: cycle.marker.seq,
+            events: todo
+                .into_iter()
+                .filter_map(|j| events.get_mut(j as usize)?.take().map(|ev| (j, ev)))
+                .collect(),
+        });
+    }
+    Ok(())
 }
 
 /// Applies, for every store, the committed changelog cycles from its
@@ -126,9 +186,7 @@ fn catch_up(
         // Nothing at or after `from` (a new partition, or a store that
         // holds its whole changelog, as after a clean restart): skip the
         // read, whose end-of-partition answer can take a fetch wait.
-        let (_, high) = consumer
-            .fetch_watermarks(&topic, tp.1, Duration::from_secs(10))
-            .map_err(|e| ServiceError::kafka("changelog watermarks", e))?;
+        let high = high_watermark(&consumer, &topic, tp.1, cancel)?;
         if high <= *from {
             tracing::debug!(topic = %topic, partition = tp.1, from, high, "changelog has nothing to restore");
             continue;
@@ -163,7 +221,7 @@ fn catch_up(
         .any(|(p, n)| eofs.get(p).copied().unwrap_or(0) < *n)
     {
         if cancel.load(Ordering::SeqCst) {
-            return Err(ServiceError::broker("restore cancelled by a rebalance"));
+            return Err(cancelled());
         }
         if logged.elapsed() >= Duration::from_secs(2) {
             logged = Instant::now();
@@ -205,224 +263,82 @@ fn catch_up(
     Ok(appliers)
 }
 
-impl Session {
-    /// Takes restored partitions into service: overwrites the records of an
-    /// interrupted cycle left at the changelog's end, and (outbox mode)
-    /// completes the delivery of each one's last cycle.
-    pub fn adopt(&mut self, restored: Vec<Restored>) -> Result<()> {
-        let mut in_doubt = Vec::new();
-        for Restored {
-            tp,
-            mut part,
-            leftover,
-        } in restored
-        {
-            self.unowned.remove(&tp);
-            if !leftover.is_empty() {
-                tracing::warn!(
-                    topic = %tp.0,
-                    partition = tp.1,
-                    records = leftover.len(),
-                    "the changelog ends with records of an interrupted cycle: ignored, and \
-                     overwritten with the committed values in the next cycle"
-                );
-                for k in leftover {
-                    let v = part.store.get(&k)?;
-                    part.pending.push((k, v));
-                }
-                part.dirty = true;
-            }
-            if !part.marker.delivered && part.marker.outbox_chunks > 0 {
-                in_doubt.push(tp.clone());
-            }
-            // The group offset can lag the marker by a cycle (a crash
-            // between the changelog and the group commit): commit the
-            // marker's position in the next cycle, so consumer lag reads
-            // right even when no further record arrives on this partition.
-            let catch_up_offset = part.next_offset >= 0;
-            if catch_up_offset {
-                self.offsets.insert(tp.clone(), part.next_offset);
-            }
-            let dirty = part.dirty;
-            self.parts.insert(tp, part);
-            if dirty || catch_up_offset {
-                self.ensure_cycle()?;
-            }
+/// The changelog partition's high watermark, asked for in tries of half a
+/// second so that a cancellation is noticed within one (10 s in all, as
+/// librdkafka's metadata timeout).
+fn high_watermark(
+    consumer: &BaseConsumer<QuietEof>,
+    topic: &str,
+    partition: i32,
+    cancel: &AtomicBool,
+) -> Result<i64> {
+    const TRY: Duration = Duration::from_millis(500);
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        if cancel.load(Ordering::SeqCst) {
+            return Err(cancelled());
         }
-        if !in_doubt.is_empty() {
-            self.reconcile(&in_doubt)?;
-        }
-        Ok(())
-    }
-
-    /// Points the consumer at the restored state's next input offset: the
-    /// changelog's cycle marker, not the group's committed offset (which a
-    /// crash can leave behind), says where each partition continues.
-    pub fn seek_to_state(&mut self, consumer: &Consumer, tps: &[Tp]) -> Result<()> {
-        for tp in tps {
-            let Some(part) = self.parts.get(tp) else {
-                continue;
-            };
-            if part.next_offset < 0 {
-                continue;
+        match consumer.fetch_watermarks(topic, partition, TRY) {
+            Ok((_, high)) => return Ok(high),
+            Err(e) if Instant::now() >= end => {
+                return Err(ServiceError::kafka("changelog watermarks", e))
             }
-            consumer
-                .seek(
-                    &tp.0,
-                    tp.1,
-                    Offset::Offset(part.next_offset),
-                    Duration::from_secs(10),
-                )
-                .map_err(|e| {
-                    ServiceError::kafka(
-                        &format!("seek {}-{} to {}", tp.0, tp.1, part.next_offset),
-                        e,
-                    )
-                })?;
-            tracing::debug!(topic = %tp.0, partition = tp.1, offset = part.next_offset, "continuing from the restored state");
-        }
-        Ok(())
-    }
-
-    /// Starts restoring the queued partitions when no restore runs, and
-    /// takes a finished restore into service: adopt, seek, resume.
-    pub fn drive_restore(&mut self, consumer: &Consumer) -> Result<()> {
-        if self
-            .restoring
-            .as_ref()
-            .is_some_and(|j| j.handle.is_finished())
-        {
-            let job = self.restoring.take().expect("checked above");
-            let job_started = job.started;
-            let (tps, result) = job.join();
-            let restored = result?;
-            let started = Instant::now();
-            self.adopt(restored)?;
-            for tp in &tps {
-                if let Some(p) = self.parts.get(tp) {
-                    self.metrics
-                        .agreement_baseline(&format!("{}-{}", tp.0, tp.1), p.engine.agreement());
-                }
-            }
-            self.seek_to_state(consumer, &tps)?;
-            let mut tpl = TopicPartitionList::new();
-            for tp in &tps {
-                tpl.add_partition(&tp.0, tp.1);
-                // Restores kept no partition from polling: none was idle.
-                if let Some(p) = self.parts.get_mut(tp) {
-                    p.last_record = Instant::now();
-                }
-            }
-            consumer
-                .resume(&tpl)
-                .map_err(|e| ServiceError::kafka("resume restored partitions", e))?;
-            let secs = job_started.elapsed().as_secs_f64() / tps.len().max(1) as f64;
-            for _ in &tps {
-                self.metrics.restore_duration(secs);
-            }
-            tracing::info!(partitions = ?tps, elapsed_ms = job_started.elapsed().as_millis() as u64,
-                adopt_ms = started.elapsed().as_millis() as u64, "restored partitions resumed");
-            self.publish_holdings();
-            self.refresh_gauges();
-        }
-        if self.restoring.is_none() && !self.to_restore.is_empty() {
-            let mut tps = std::mem::take(&mut self.to_restore);
-            tps.sort();
-            tps.dedup();
-            tps.retain(|tp| !self.parts.contains_key(tp));
-            if !tps.is_empty() {
-                self.restoring = Some(RestoreJob::start(&self.cfg, &self.names, tps));
-                self.publish_holdings();
-            }
-        }
-        Ok(())
-    }
-
-    /// Stops a running restore (a rebalance): returns its partitions.
-    pub fn cancel_restore(&mut self) -> Vec<Tp> {
-        match self.restoring.take() {
-            Some(job) => {
-                job.cancel.store(true, Ordering::SeqCst);
-                let (tps, _) = job.join();
-                tps
-            }
-            None => Vec::new(),
-        }
-    }
-
-    /// A record of a partition that is not restored yet (fetched before its
-    /// pause): it will be read again. A partition without a cycle marker
-    /// continues from the consumer's position, so rewind to the record.
-    pub fn not_restored(&mut self, consumer: &Consumer, tp: &Tp, offset: i64) {
-        let queued = self.restoring.as_ref().is_some_and(|j| j.tps.contains(tp))
-            || self.to_restore.contains(tp);
-        if !queued {
-            let assigned = consumer
-                .assignment()
-                .is_ok_and(|a| a.find_partition(&tp.0, tp.1).is_some());
-            if !assigned {
-                tracing::debug!(topic = %tp.0, partition = tp.1, offset, "record of a partition not assigned: ignored");
-                return;
-            }
-            self.unowned.remove(tp);
-            self.to_restore.push(tp.clone());
-        }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&tp.0, tp.1);
-        if let Err(e) = consumer.pause(&tpl) {
-            self.broken
-                .get_or_insert(ServiceError::kafka("pause a partition", e));
-        }
-        if let Err(e) = consumer.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::from_secs(10))
-        {
-            self.broken.get_or_insert(ServiceError::kafka(
-                "seek back a partition being restored",
-                e,
-            ));
+            Err(e) => tracing::debug!(topic, partition, "changelog watermarks, trying again: {e}"),
         }
     }
 }
 
-/// A restore running on its own thread.
+/// A restore running on its own thread. Cancelling it does not wait: the
+/// thread notices within a second, and until it ends it lingers as the
+/// holder of its partitions' directories (`super::part::linger`).
 pub struct RestoreJob {
     pub tps: Vec<Tp>,
+    pub started: Instant,
+    dirs: Vec<PathBuf>,
     cancel: Arc<AtomicBool>,
-    handle: JoinHandle<Result<Vec<Restored>>>,
-    started: Instant,
+    done: mpsc::Receiver<Result<Vec<Restored>>>,
+    thread: JoinHandle<()>,
 }
 
 impl RestoreJob {
-    fn start(cfg: &Config, names: &Names, tps: Vec<Tp>) -> RestoreJob {
+    pub fn start(cfg: &Config, names: &Names, tps: Vec<Tp>) -> Result<RestoreJob> {
         tracing::info!(partitions = ?tps, "restoring partition state (partitions paused meanwhile)");
         let cancel = Arc::new(AtomicBool::new(false));
         let (cfg, names, todo, flag) = (cfg.clone(), names.clone(), tps.clone(), cancel.clone());
-        let handle = std::thread::Builder::new()
+        let dirs = tps.iter().map(|tp| partition_dir(&cfg, tp)).collect();
+        let (tx, done) = mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new()
             .name("restore".into())
-            .spawn(move || restore_partitions(&cfg, &names, &todo, &flag))
-            .expect("cannot start the restore thread");
-        RestoreJob {
+            .spawn(move || {
+                let _ = tx.send(restore_partitions(&cfg, &names, &todo, &flag));
+            })
+            .map_err(|e| ServiceError::thread("the restore thread", e))?;
+        Ok(RestoreJob {
             tps,
-            cancel,
-            handle,
             started: Instant::now(),
+            dirs,
+            cancel,
+            done,
+            thread,
+        })
+    }
+
+    /// The restore's result once its thread is done.
+    pub fn try_finish(&mut self) -> Option<Result<Vec<Restored>>> {
+        match self.done.try_recv() {
+            Ok(result) => Some(result),
+            Err(mpsc::TryRecvError::Empty) => None,
+            Err(mpsc::TryRecvError::Disconnected) => {
+                Some(Err(ServiceError::internal("the restore thread panicked")))
+            }
         }
     }
 
-    fn join(self) -> (Vec<Tp>, Result<Vec<Restored>>) {
-        let result = self
-            .handle
-            .join()
-            .unwrap_or_else(|_| Err(ServiceError::internal("the restore thread panicked")));
-        (self.tps, result)
-    }
-}
-
-impl Drop for Session {
-    /// A session never outlives its restore thread (which holds the
-    /// partitions' databases open), and the query API lets go of its
-    /// stores, which close with it.
-    fn drop(&mut self) {
-        self.cancel_restore();
-        self.holdings.set_held(Default::default());
+    /// Stops the restore (what it applied stays applied) without waiting
+    /// for it; returns its partitions.
+    pub fn cancel(self) -> Vec<Tp> {
+        self.cancel.store(true, Ordering::SeqCst);
+        super::part::linger(self.dirs, self.thread);
+        self.tps
     }
 }

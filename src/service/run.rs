@@ -2,9 +2,8 @@
 //! retriable failure; one session = one consumer group member and one
 //! producer, polling until stopped.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer as _;
@@ -13,10 +12,12 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{check_outbox_partitioner, client_config, Names, StateDirLock, Tp};
-use super::context::{Consumer, Ctx, ProduceCtx};
-use super::delivery::protocol;
+use super::client::{check_outbox_partitioner, client_config, Names, ProduceCtx, StateDirLock, Tp};
+use super::context::Ctx;
+use super::delivery::{commit, hand_over};
 use super::error::{Result, ServiceError};
+use super::part::join_lingering;
+use super::rebalance::{drive_restore, not_restored, Consumer};
 use super::restore::local_partitions;
 use super::session::{Outputs, Session};
 use super::topics;
@@ -144,7 +145,7 @@ fn session(
     let input_counts = topics::partition_counts(cfg, &cfg.kafka.input_topics)?;
     holdings.set_topics(input_counts.into_iter().collect());
     let delivery = cfg.kafka.delivery;
-    let transactional = delivery == Delivery::ExactlyOnce;
+    let transactional = super::cycle::transactional(delivery);
     let topics: [String; 3] = [
         cfg.outputs.scores_topic.clone(),
         cfg.outputs.flags_topic.clone(),
@@ -172,34 +173,16 @@ fn session(
             .map_err(|e| ServiceError::kafka_txn("init transactions", e))?;
         probe_transactions(cfg, &producer)?;
     }
-    let ctx = Ctx {
-        session: Mutex::new(Some(Session {
-            cfg: cfg.clone(),
-            names: names.clone(),
-            decode: cfg.decode_options(),
-            max_skew: crate::config::seconds_to_ns(cfg.input.max_future_skew_seconds),
-            producer,
-            protocol: protocol(delivery),
-            outputs: Outputs { topics, partitions },
-            metrics: metrics.clone(),
-            parts: HashMap::new(),
-            in_cycle: false,
-            cycle_started: Instant::now(),
-            offsets: HashMap::new(),
-            broken: None,
-            updates: Vec::new(),
-            assigned_once: false,
-            unowned: local_partitions(cfg)
-                .into_iter()
-                .map(|tp| (tp, Instant::now()))
-                .collect(),
-            to_restore: Vec::new(),
-            restoring: None,
-            deadline: None,
-            holdings: holdings.clone(),
-        })),
-        metrics: metrics.clone(),
-    };
+    let session = Session::new(
+        cfg,
+        names,
+        producer,
+        Outputs { topics, partitions },
+        metrics,
+        holdings,
+        local_partitions(cfg),
+    );
+    let ctx = Ctx::new(session, metrics.clone());
     let consumer: Consumer = client_config(cfg)
         .set("group.id", &cfg.kafka.group_id)
         .set("enable.auto.commit", "false")
@@ -224,21 +207,25 @@ fn session(
     // Shut down: finish the cycle when healthy, else abort it.
     let mut guard = consumer.context().lock();
     if let Some(s) = guard.as_mut() {
-        if result.is_ok() && s.broken.is_none() {
-            s.commit(&consumer)?;
-            s.hand_over()?;
+        if result.is_ok() && !s.is_broken() {
+            commit(s, &consumer)?;
+            hand_over(s)?;
             // The last cycle's RocksDB writes, so that a failed one ends
             // the process with an error (and the flush below sees them).
             s.finish_writes()?;
             for p in s.parts.values() {
-                let _ = p.store.flush();
+                let _ = p.store().flush();
             }
         } else {
             s.abort();
         }
     }
+    // The session (its stores) closes before the consumer leaves the group.
+    guard.take();
     drop(guard);
     consumer.unsubscribe();
+    // Writes and cancelled restores still holding a directory close it.
+    join_lingering(Duration::from_secs(30));
     result
 }
 
@@ -252,13 +239,13 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         let s = guard
             .as_mut()
             .ok_or_else(|| ServiceError::internal("session state missing"))?;
-        if let Some(e) = s.broken.take() {
+        if let Some(e) = s.take_broken() {
             return Err(e);
         }
         // Restores run on their own thread with their partitions paused:
         // this loop keeps polling (the member stays in the group) and
         // serving the partitions it has.
-        s.drive_restore(consumer)?;
+        drive_restore(s, consumer)?;
         let drained = msg.is_none();
         let restored = s.to_restore.is_empty() && s.restoring.is_none();
         if s.assigned_once && restored != s.metrics.is_ready() {
@@ -282,7 +269,7 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
                 } else {
                     // Fetched before its pause took effect: read again
                     // from here (or the state's offset) once restored.
-                    s.not_restored(consumer, &tp, m.offset());
+                    not_restored(s, consumer, &tp, m.offset());
                 }
             }
         }
@@ -292,10 +279,8 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         if drained {
             s.idle_flush()?;
         }
-        if s.in_cycle
-            && (s.cycle_started.elapsed() >= commit_every || s.outbox_bytes() >= MAX_CYCLE_BYTES)
-        {
-            s.commit(consumer)?;
+        if s.in_cycle() && (s.cycle_age() >= commit_every || s.outbox_bytes() >= MAX_CYCLE_BYTES) {
+            commit(s, consumer)?;
         }
     }
     Ok(())

@@ -1,137 +1,32 @@
-//! One consumer-group session's state: the assigned partitions (engine,
-//! store, open cycle), the producer, and the open commit cycle. Everything
-//! a commit touches lives here; the rebalance callbacks reach it through
-//! the consumer context ([`super::context::Ctx`]).
+//! One consumer-group session: the assigned partitions ([`Part`]), the
+//! producer, and the open commit cycle (whether one is open, its input
+//! offsets, whether the session must be rebuilt). Only this file writes
+//! those three; the commit order is `super::cycle`'s, driven by
+//! `super::delivery`; rebalances reach the session through
+//! `super::rebalance`.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, Producer as _};
+use rdkafka::{Offset, TopicPartitionList};
 
-use super::changelog::{take_cycle_chunks, write_cycle, CycleMarker, OutEvent};
-use super::client::{property, Names, Tp};
-use super::context::ProduceCtx;
-use super::delivery::Protocol;
+use super::client::{partition_dir, property, Names, ProduceCtx, Tp};
+use super::cycle::transactional;
 use super::error::{Result, ServiceError};
-use crate::config::Config;
-use crate::engine::{Engine, ScoreUpdate};
+use super::part::Part;
+use super::restore::RestoreJob;
+use crate::config::{Config, Delivery};
+use crate::engine::ScoreUpdate;
 use crate::input::DecodeOptions;
 use crate::output::Route;
-use crate::state::{Record, Store, StoreError};
+use crate::state::Store;
 use crate::telemetry::Metrics;
 use crate::time::Nanos;
 
 /// How long one step of a commit cycle may take outside a rebalance.
 const CYCLE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// One assigned input partition.
-pub struct Part {
-    /// Shared with the query API (`crate::api::Holdings`).
-    pub store: Arc<Store>,
-    pub engine: Engine,
-    pub last_record: Instant,
-    /// Changelog records of the open cycle, applied to RocksDB after commit.
-    pub pending: Vec<Record>,
-    /// The last cycle marker written or restored.
-    pub marker: CycleMarker,
-    /// The next input offset; records below it are already in the state.
-    pub next_offset: i64,
-    /// Events of the open cycle (kept here in outbox mode only).
-    pub out: Vec<OutEvent>,
-    pub out_count: u32,
-    pub out_bytes: usize,
-    /// Whether the open cycle changed anything of this partition.
-    pub dirty: bool,
-    pub skip_logged: bool,
-    /// The last committed cycle's RocksDB write, on a thread of its own so
-    /// that the poll loop goes on meanwhile (see [`Part::finish_write`]).
-    pub writing: Option<std::thread::JoinHandle<std::result::Result<(), StoreError>>>,
-}
-
-impl Part {
-    pub fn new(store: Store, engine: Engine, marker: Option<CycleMarker>) -> Part {
-        let marker = marker.unwrap_or_else(CycleMarker::initial);
-        Part {
-            store: Arc::new(store),
-            engine,
-            last_record: Instant::now(),
-            pending: Vec::new(),
-            next_offset: marker.next_offset,
-            marker,
-            out: Vec::new(),
-            out_count: 0,
-            out_bytes: 0,
-            dirty: false,
-            skip_logged: false,
-            writing: None,
-        }
-    }
-
-    /// Writes a committed cycle's `records` to RocksDB on a thread of its
-    /// own, after the write before it; the cycle's `outbox_chunks` outbox
-    /// chunks go to the outbox file instead ([`write_cycle`]).
-    pub fn start_write(
-        &mut self,
-        mut records: Vec<Record>,
-        outbox_chunks: usize,
-        positions: Vec<(&'static str, i64)>,
-        budget: usize,
-    ) -> Result<()> {
-        self.finish_write(budget)?;
-        let store = self.store.clone();
-        let chunks = take_cycle_chunks(&mut records, outbox_chunks);
-        let handle = std::thread::Builder::new()
-            .name("state-write".into())
-            .spawn(move || write_cycle(&store, &chunks, &records, &positions))
-            .map_err(|e| ServiceError::internal(format!("cannot start a state write: {e}")))?;
-        self.writing = Some(handle);
-        Ok(())
-    }
-
-    /// Waits for the RocksDB write in flight, if any, then evicts the cache
-    /// down to `budget`: an entry may go only once its records are in
-    /// RocksDB, where a later vote reads it back.
-    pub fn finish_write(&mut self, budget: usize) -> Result<()> {
-        if let Some(handle) = self.writing.take() {
-            handle
-                .join()
-                .unwrap_or_else(|_| Err(panicked_write(&self.store)))?;
-            self.engine.evict(budget);
-        }
-        Ok(())
-    }
-
-    /// Forgets the open cycle's changelog records and events.
-    fn drop_cycle(&mut self) {
-        self.pending.clear();
-        self.out.clear();
-        self.out_bytes = 0;
-    }
-}
-
-fn panicked_write(store: &Store) -> StoreError {
-    StoreError::Corrupt {
-        path: store.path().to_owned(),
-        key: Vec::new(),
-        why: "the thread writing a committed cycle panicked".into(),
-    }
-}
-
-impl Drop for Part {
-    /// A partition's database is never closed (or opened again) while a
-    /// write to it runs.
-    fn drop(&mut self) {
-        if let Some(handle) = self.writing.take() {
-            match handle.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!("state write failed: {e}"),
-                Err(_) => tracing::error!("{}", panicked_write(&self.store)),
-            }
-        }
-    }
-}
 
 /// Output topic names and partition counts, by [`Route`].
 pub struct Outputs {
@@ -156,17 +51,17 @@ pub struct Session {
     /// `input.max_future_skew_seconds` in nanoseconds.
     pub max_skew: Nanos,
     pub producer: BaseProducer<ProduceCtx>,
-    pub protocol: &'static dyn Protocol,
+    pub delivery: Delivery,
     pub outputs: Outputs,
     pub metrics: Arc<Metrics>,
     pub parts: HashMap<Tp, Part>,
     /// Whether a cycle is open, and since when.
-    pub in_cycle: bool,
-    pub cycle_started: Instant,
+    in_cycle: bool,
+    cycle_started: Instant,
     /// Input offsets to commit with the open cycle.
-    pub offsets: HashMap<Tp, i64>,
+    offsets: HashMap<Tp, i64>,
     /// Set when the session must be rebuilt (a failed commit, a lost assignment).
-    pub broken: Option<ServiceError>,
+    broken: Option<ServiceError>,
     /// Reused buffer for the engine's score updates.
     pub updates: Vec<ScoreUpdate>,
     /// Whether a partition assignment (possibly empty) has been received.
@@ -176,7 +71,7 @@ pub struct Session {
     /// Assigned partitions whose state is still to be restored (paused).
     pub to_restore: Vec<Tp>,
     /// The restore running off the poll loop, if any.
-    pub restoring: Option<super::restore::RestoreJob>,
+    pub restoring: Option<RestoreJob>,
     /// While partitions are handed over: when the open cycle must be
     /// finished (or aborted) by. Outside a rebalance each step of a cycle
     /// may take [`CYCLE_STEP_TIMEOUT`].
@@ -201,11 +96,6 @@ pub fn not_assigned(tp: &Tp) -> ServiceError {
     ServiceError::internal(format!("partition {}-{} is not assigned", tp.0, tp.1))
 }
 
-/// Where one partition's RocksDB lives.
-pub fn partition_dir(cfg: &Config, tp: &Tp) -> PathBuf {
-    PathBuf::from(&cfg.state.dir).join(format!("{}-{}", tp.0, tp.1))
-}
-
 /// Partitions of `unowned` to delete at `now`: not owned for `grace`.
 pub fn cleanup_due(
     unowned: &HashMap<Tp, Instant>,
@@ -223,6 +113,39 @@ pub fn cleanup_due(
 }
 
 impl Session {
+    pub fn new(
+        cfg: &Config,
+        names: &Names,
+        producer: BaseProducer<ProduceCtx>,
+        outputs: Outputs,
+        metrics: &Arc<Metrics>,
+        holdings: &Arc<crate::api::Holdings>,
+        unowned: Vec<Tp>,
+    ) -> Session {
+        Session {
+            cfg: cfg.clone(),
+            names: names.clone(),
+            decode: cfg.decode_options(),
+            max_skew: crate::config::seconds_to_ns(cfg.input.max_future_skew_seconds),
+            producer,
+            delivery: cfg.kafka.delivery,
+            outputs,
+            metrics: metrics.clone(),
+            parts: HashMap::new(),
+            in_cycle: false,
+            cycle_started: Instant::now(),
+            offsets: HashMap::new(),
+            broken: None,
+            updates: Vec::new(),
+            assigned_once: false,
+            unowned: unowned.into_iter().map(|tp| (tp, Instant::now())).collect(),
+            to_restore: Vec::new(),
+            restoring: None,
+            deadline: None,
+            holdings: holdings.clone(),
+        }
+    }
+
     /// How long the next step of the cycle may take.
     pub fn step_timeout(&self) -> Duration {
         match self.deadline {
@@ -238,14 +161,73 @@ impl Session {
         revoke_timeout(property(&self.cfg, "session.timeout.ms").as_deref())
     }
 
-    /// Opens a cycle if none is open.
+    /// Opens a cycle if none is open (`exactly_once`: begins its transaction).
     pub fn ensure_cycle(&mut self) -> Result<()> {
         if !self.in_cycle {
-            self.protocol.begin(self)?;
+            if transactional(self.delivery) {
+                self.producer
+                    .begin_transaction()
+                    .map_err(|e| ServiceError::kafka_txn("begin transaction", e))?;
+            }
             self.in_cycle = true;
             self.cycle_started = Instant::now();
         }
         Ok(())
+    }
+
+    /// Whether a cycle is open.
+    pub fn in_cycle(&self) -> bool {
+        self.in_cycle
+    }
+
+    /// How long the open cycle has been open.
+    pub fn cycle_age(&self) -> Duration {
+        self.cycle_started.elapsed()
+    }
+
+    /// The open cycle is durable (a restart restores it): no longer open,
+    /// and no longer to be aborted.
+    pub fn cycle_durable(&mut self) {
+        self.in_cycle = false;
+    }
+
+    /// The open cycle reaches input offset `next` of `tp`.
+    pub fn note_offset(&mut self, tp: &Tp, next: i64) {
+        match self.offsets.get_mut(tp) {
+            Some(o) => *o = next,
+            None => {
+                self.offsets.insert(tp.clone(), next);
+            }
+        }
+    }
+
+    /// The open cycle's input offsets.
+    pub fn offset_list(&self) -> Result<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        for ((t, p), o) in &self.offsets {
+            tpl.add_partition_offset(t, *p, Offset::Offset(*o))
+                .map_err(|e| ServiceError::kafka("offset list", e))?;
+        }
+        Ok(tpl)
+    }
+
+    /// The open cycle's input offsets are committed.
+    pub fn offsets_committed(&mut self) {
+        self.offsets.clear();
+    }
+
+    /// Marks the session for a rebuild (the first reason is kept).
+    pub fn fail(&mut self, e: ServiceError) {
+        self.broken.get_or_insert(e);
+    }
+
+    /// Why the session must be rebuilt, if it must.
+    pub fn take_broken(&mut self) -> Option<ServiceError> {
+        self.broken.take()
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_some()
     }
 
     pub fn part_mut(&mut self, tp: &Tp) -> Result<&mut Part> {
@@ -263,42 +245,13 @@ impl Session {
         }
     }
 
-    /// Ends the open cycle in the delivery mode's order; on failure aborts it.
-    pub fn commit(&mut self, consumer: &super::context::Consumer) -> Result<()> {
-        if !self.in_cycle {
-            return Ok(());
-        }
-        let started = Instant::now();
-        // The previous cycle's RocksDB writes land before this cycle's
-        // changelog: its sweep and reviewer reads must see them.
-        let result = self
-            .finish_writes()
-            .and_then(|()| self.protocol.commit(self, consumer));
-        match result {
-            Ok(()) => {
-                self.metrics
-                    .commit_duration(started.elapsed().as_secs_f64());
-                self.refresh_gauges();
-                for (tp, part) in &self.parts {
-                    self.metrics.agreement_committed(
-                        &format!("{}-{}", tp.0, tp.1),
-                        part.engine.agreement(),
-                    );
-                }
-                Ok(())
-            }
-            Err(e) => {
-                self.abort();
-                Err(e)
-            }
-        }
-    }
-
-    /// Waits for every partition's RocksDB write in flight (and evicts).
+    /// Waits for every partition's RocksDB write in flight (and evicts),
+    /// within the step timeout.
     pub fn finish_writes(&mut self) -> Result<()> {
         let budget = self.cache_share();
+        let timeout = self.step_timeout();
         for part in self.parts.values_mut() {
-            part.finish_write(budget)?;
+            part.finish_write(budget, timeout)?;
         }
         Ok(())
     }
@@ -308,40 +261,50 @@ impl Session {
         self.cfg.cache_bytes() / self.parts.len().max(1)
     }
 
-    /// Before partitions are handed over or at shutdown.
-    pub fn hand_over(&mut self) -> Result<()> {
-        self.protocol.hand_over(self)
-    }
-
     /// Drops the open cycle; the in-memory state now runs ahead of what was
     /// committed, so the session is marked for a rebuild.
     pub fn abort(&mut self) {
         if self.in_cycle {
-            self.protocol.abort(self);
+            if transactional(self.delivery) {
+                if let Err(e) = self.producer.abort_transaction(self.step_timeout()) {
+                    tracing::error!("abort transaction failed: {e}");
+                }
+            }
             self.in_cycle = false;
         }
         self.offsets.clear();
         for p in self.parts.values_mut() {
             p.drop_cycle();
         }
-        self.broken.get_or_insert_with(|| {
-            ServiceError::internal("cycle aborted; rebuilding state from the last commit")
-        });
+        self.fail(ServiceError::internal(
+            "cycle aborted; rebuilding state from the last commit",
+        ));
+    }
+
+    /// After a commit: the metrics the cycle moved.
+    pub fn committed(&self, started: Instant) {
+        self.metrics
+            .commit_duration(started.elapsed().as_secs_f64());
+        self.refresh_gauges();
+        for (tp, part) in &self.parts {
+            self.metrics
+                .agreement_committed(&format!("{}-{}", tp.0, tp.1), part.engine().agreement());
+        }
     }
 
     /// Bytes of events waiting in outboxes.
     pub fn outbox_bytes(&self) -> usize {
-        self.parts.values().map(|p| p.out_bytes).sum()
+        self.parts.values().map(Part::held_bytes).sum()
     }
 
     /// Folds every partition's engine counters and gauges into the metrics.
     pub fn refresh_gauges(&self) {
         for (tp, part) in &self.parts {
             self.metrics
-                .observe_engine(&format!("{}-{}", tp.0, tp.1), &part.engine);
+                .observe_engine(&format!("{}-{}", tp.0, tp.1), part.engine());
         }
         self.metrics
-            .model_board(self.parts.values().flat_map(|p| p.engine.board()));
+            .model_board(self.parts.values().flat_map(|p| p.engine().board()));
     }
 
     /// Tells the query API which partitions are ready (their stores) and
@@ -350,7 +313,7 @@ impl Session {
         let mut held: std::collections::BTreeMap<Tp, Option<Arc<Store>>> = self
             .parts
             .iter()
-            .map(|(tp, p)| (tp.clone(), Some(p.store.clone())))
+            .map(|(tp, p)| (tp.clone(), Some(p.store().clone())))
             .collect();
         let restoring = self.restoring.iter().flat_map(|j| j.tps.iter());
         for tp in self.to_restore.iter().chain(restoring) {
@@ -360,12 +323,14 @@ impl Session {
     }
 
     /// Releases revoked partitions (their state stays on disk for
-    /// `state.cleanup_grace_seconds`).
-    pub fn release(&mut self, tps: &[Tp]) {
+    /// `state.cleanup_grace_seconds`), waiting for their writes until
+    /// `until` at most.
+    pub fn release(&mut self, tps: &[Tp], until: Instant) {
         for tp in tps {
             self.metrics.forget_partition(&format!("{}-{}", tp.0, tp.1));
             self.metrics.forget_lag(&tp.0, tp.1);
-            if self.parts.remove(tp).is_some() {
+            if let Some(part) = self.parts.remove(tp) {
+                part.release(until);
                 tracing::info!(topic = %tp.0, partition = tp.1, "partition revoked, state released");
             }
             self.offsets.remove(tp);
@@ -373,6 +338,16 @@ impl Session {
         }
         self.publish_holdings();
         self.refresh_gauges();
+    }
+
+    /// Stops a running restore without waiting for it (a rebalance, the
+    /// session's end): returns its partitions. Its thread finishes on its
+    /// own; the next open of its directories waits for it.
+    pub fn cancel_restore(&mut self) -> Vec<Tp> {
+        match self.restoring.take() {
+            Some(job) => job.cancel(),
+            None => Vec::new(),
+        }
     }
 
     /// Deletes local state of partitions this instance has not owned for
@@ -390,8 +365,11 @@ impl Session {
             grace,
         );
         for tp in due {
-            self.unowned.remove(&tp);
             let dir = partition_dir(&self.cfg, &tp);
+            if super::part::is_held(&dir) {
+                continue; // a write or a cancelled restore still holds it
+            }
+            self.unowned.remove(&tp);
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {
                     tracing::info!(dir = %dir.display(), "removed state of a partition no longer owned")
@@ -400,6 +378,15 @@ impl Session {
                 Err(e) => tracing::warn!(dir = %dir.display(), "cannot remove stale state: {e}"),
             }
         }
+    }
+}
+
+impl Drop for Session {
+    /// The query API lets go of the session's stores, which close with it;
+    /// a restore still running lingers (see `super::part`).
+    fn drop(&mut self) {
+        self.cancel_restore();
+        self.holdings.set_held(Default::default());
     }
 }
 
@@ -415,39 +402,6 @@ mod tests {
         assert_eq!(revoke_timeout(Some("soon")), Duration::from_secs(30));
         // No overflow on absurd values.
         assert!(revoke_timeout(Some(&u64::MAX.to_string())) > Duration::from_secs(1));
-    }
-
-    /// A cycle's write runs off the caller's thread; waiting for it makes
-    /// it visible, and dropping the partition waits for it too, so the
-    /// directory can be opened again at once (RocksDB locks it while open).
-    #[test]
-    fn a_committed_write_lands_before_the_wait_and_before_the_drop() {
-        let dir = tempfile::tempdir().unwrap();
-        let cfg = crate::config::Config::load(None).unwrap().engine();
-        let part_at = |path: &std::path::Path| {
-            let store = Store::open(path).unwrap();
-            let (engine, _) = store.load(cfg.clone()).unwrap();
-            Part::new(store, engine, None)
-        };
-        let records = |n: u32| -> Vec<Record> {
-            (0..n)
-                .map(|i| (format!("c-test-{i:06}").into_bytes(), Some(vec![7; 64])))
-                .collect()
-        };
-        let mut part = part_at(dir.path());
-        part.start_write(records(20_000), 0, vec![("test_pos", 5)], 1 << 20)
-            .unwrap();
-        part.finish_write(1 << 20).unwrap();
-        assert!(part.writing.is_none());
-        assert_eq!(part.store.position("test_pos").unwrap(), Some(5));
-        assert_eq!(part.store.get(b"c-test-019999").unwrap(), Some(vec![7; 64]));
-        // A second write, then the partition dropped with it in flight.
-        part.start_write(records(200_000), 0, vec![("test_pos", 6)], 1 << 20)
-            .unwrap();
-        drop(part);
-        let again = Store::open(dir.path()).unwrap();
-        assert_eq!(again.position("test_pos").unwrap(), Some(6));
-        assert!(again.get(b"c-test-199999").unwrap().is_some());
     }
 
     #[test]
