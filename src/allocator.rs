@@ -3,7 +3,7 @@
 
 /// Rust's allocations (ids, events, batches, cache entries) go to mimalloc:
 /// the issue-2 replay and `run` spend less CPU in the allocator than with
-/// glibc's (docs/PERFORMANCE.md, session 15). RocksDB and librdkafka (C and
+/// glibc's (docs/PERFORMANCE.md, "What made it fast"). RocksDB and librdkafka (C and
 /// C++) keep glibc's allocator, tuned in [`tune_allocator`]; mimalloc's
 /// defaults are set in [`mimalloc_options`].
 #[global_allocator]

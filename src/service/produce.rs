@@ -20,7 +20,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 /// took ≥ 100 ms; and a short `poll` spins, because it hands librdkafka
 /// the time left in whole milliseconds, which is 0 for the last one (a
 /// 1 ms poll never blocks: a commit's wait for its acknowledgements kept a
-/// core busy, docs/PERFORMANCE.md, session 18). So this one asks
+/// core busy, docs/PERFORMANCE.md, "What made it fast"). So this one asks
 /// librdkafka to send at once (a flush that does not wait wakes its broker
 /// threads past `linger.ms`) about every millisecond, serves the delivery
 /// reports that are there, and sleeps [`ACK_WAIT_STEP`] when there are none.

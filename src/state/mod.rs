@@ -198,7 +198,7 @@ fn options(temporary: bool) -> Options {
     // Memtables are flushed small (a few MiB: every partition shares
     // MEMTABLES) and each level-0 compaction rewrites the level below
     // whole, so compacting every 8 files instead of 4 halves that rewrite
-    // (docs/PERFORMANCE.md, session 15). Lookups check at most 8 level-0
+    // (docs/PERFORMANCE.md, "What made it fast"). Lookups check at most 8 level-0
     // filters, which stay pinned in the cache.
     opts.set_level_zero_file_num_compaction_trigger(8);
     opts.set_write_buffer_manager(write_buffers());
