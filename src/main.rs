@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use jurystream::config::{Config, ConfigError, LogFormat};
 
 /// jurystream turns a stream of human votes on AI outputs into time-decayed
@@ -32,27 +32,7 @@ enum Command {
     /// memory, watermark). At the end of the file every open batch closes,
     /// unless --keep-open is given. Progress goes to stderr when it is a
     /// terminal.
-    Replay {
-        /// Configuration file (TOML); keys not set keep their defaults.
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Votes, one JSON object per line.
-        #[arg(long, value_name = "VOTES.jsonl")]
-        input: PathBuf,
-        /// RocksDB state directory to continue from and save to.
-        #[arg(long, value_name = "DIR")]
-        state_dir: Option<PathBuf>,
-        /// Leave open batches open at the end of the file (to continue later).
-        #[arg(long)]
-        keep_open: bool,
-        /// Serve /metrics, /healthz and /readyz on this address while replaying.
-        #[arg(long, value_name = "HOST:PORT")]
-        metrics_listen: Option<std::net::SocketAddr>,
-        /// With --metrics-listen: keep serving for this many seconds after the
-        /// replay (so a scraper can read the final values).
-        #[arg(long, value_name = "SECONDS", default_value_t = 0)]
-        metrics_linger: u64,
-    },
+    Replay(ReplayArgs),
     /// Run the Kafka service: consume votes from kafka.input_topics as
     /// consumer group kafka.group_id, score them, and publish score_updated,
     /// ambiguity_flagged and vote_rejected events to the outputs.* topics,
@@ -69,15 +49,8 @@ enum Command {
     /// next start redoes it). Broker outages are retried with backoff; a
     /// fenced producer or a corrupt state store stops the process with exit
     /// status 1; a configuration error exits with status 2.
-    Run {
-        /// Configuration file (TOML); keys not set keep their defaults.
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Log format (overrides log.format): text or json.
-        #[arg(long, value_name = "FORMAT")]
-        log_format: Option<String>,
-    },
-    /// The front door between labelling tools and Kafka (SPEC §12):
+    Run(RunArgs),
+    /// The front door between labelling tools and Kafka:
     /// POST /v1/votes (one vote, a JSON array or NDJSON; each checked and
     /// answered by index) and Label Studio webhooks (POST
     /// /hooks/label-studio) become votes on the first of kafka.input_topics,
@@ -89,121 +62,31 @@ enum Command {
     /// on connect.listen with /metrics, /healthz and /readyz; stateless, so
     /// any number of instances can share one address. README: "With Label
     /// Studio".
-    Connect {
-        /// Configuration file (TOML); keys not set keep their defaults.
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Log format (overrides log.format): text or json.
-        #[arg(long, value_name = "FORMAT")]
-        log_format: Option<String>,
-    },
+    Connect(ConnectArgs),
     /// Publish a JSONL vote file to a Kafka topic, one message per non-blank
     /// line, keyed by inference_id when the line has one (backfills, demos).
-    Produce {
-        /// Votes, one JSON object per line.
-        #[arg(long, value_name = "FILE")]
-        input: PathBuf,
-        /// Topic to publish to.
-        #[arg(long, value_name = "TOPIC", default_value = "votes")]
-        topic: String,
-        /// Bootstrap servers.
-        #[arg(long, value_name = "HOST:PORT", default_value = "localhost:9092")]
-        brokers: String,
-        /// Extra librdkafka properties, KEY=VALUE (repeatable).
-        #[arg(long = "property", value_name = "KEY=VALUE")]
-        properties: Vec<String>,
-    },
+    Produce(ProduceArgs),
     /// Print the committed messages of output topics (read_committed, from
     /// the beginning), one per line: a quick look at scores, flags and the DLQ.
-    Consume {
-        /// Topics to read.
-        #[arg(long = "topic", value_name = "TOPIC", default_values_t = ["jury.scores".to_string(), "jury.flags".to_string()])]
-        topics: Vec<String>,
-        /// Bootstrap servers.
-        #[arg(long, value_name = "HOST:PORT", default_value = "localhost:9092")]
-        brokers: String,
-        /// Exit after this many seconds without a new message (default: never).
-        #[arg(long, value_name = "SECONDS")]
-        idle_exit: Option<f64>,
-    },
+    Consume(ConsumeArgs),
     /// Print the stored series of one inference (every rubric) as JSON.
     ///
     /// DIR is a replay --state-dir or a service's state.dir (every partition
     /// database under it is searched). Open it while no other process writes.
-    Inspect {
-        /// State directory.
-        #[arg(long, value_name = "DIR")]
-        state_dir: PathBuf,
-        /// The configuration the state was written with (its
-        /// scoring.initial_score places each score's interval; default: the
-        /// built-in defaults and JURYSTREAM_* overrides).
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// The inference id (integers in their decimal form).
-        #[arg(long, value_name = "ID")]
-        inference: String,
-    },
+    Inspect(InspectArgs),
     /// Choose λ, window and the ambiguity threshold from your own votes.
     ///
     /// Replays the file once per (λ, window) of the grid with the engine of
     /// `replay` (in parallel; the file is decoded once) and judges how well
-    /// each series' score before a batch predicts that batch's mean vote
-    /// (SPEC §10): mse, log loss and skill (1 − mse / mse of predicting with
-    /// the previous batch's mean vote; higher is better), ranked by skill.
+    /// each series' score before a batch predicts that batch's mean vote:
+    /// mse, log loss and skill (1 − mse / mse of predicting with the
+    /// previous batch's mean vote; higher is better), ranked by skill.
     /// For every (window, threshold) it counts the updates a threshold would
     /// flag and recommends the smallest threshold within the review budget.
     /// Bad lines are counted and skipped. Exit status 2 names a bad flag.
-    Backtest {
-        /// Configuration file (TOML); the grid varies λ and the window, the
-        /// rest is used as given (a rubric's own lambda still wins).
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Votes, one JSON object per line.
-        #[arg(long, value_name = "VOTES.jsonl")]
-        input: PathBuf,
-        /// Decay constants to try, comma-separated (default: scoring.lambda).
-        #[arg(long, value_name = "L1,L2,…", allow_hyphen_values = true)]
-        lambda: Option<String>,
-        /// Unit of the --lambda values: seconds, minutes, hours or days
-        /// (default: scoring.time_unit).
-        #[arg(long, value_name = "U")]
-        time_unit: Option<String>,
-        /// Windows to try, comma-separated, in seconds or with s, m, h, d
-        /// (default: batching.window_seconds).
-        #[arg(long, value_name = "W1,W2,…", allow_hyphen_values = true)]
-        window: Option<String>,
-        /// Variance thresholds to count flags for, comma-separated
-        /// (default: 0.01,0.02,0.03,0.05,0.075,0.1,0.125,0.15,0.2).
-        #[arg(long, value_name = "T1,T2,…", allow_hyphen_values = true)]
-        variance_threshold: Option<String>,
-        /// Largest share of score updates reviewers can look at: the
-        /// recommended threshold is the smallest whose flag rate is within it.
-        #[arg(
-            long,
-            value_name = "B",
-            default_value = "0.05",
-            allow_hyphen_values = true
-        )]
-        review_budget: String,
-        /// Step of event time for the metrics over time (e.g. 1d, 6h, 3600).
-        #[arg(
-            long,
-            value_name = "D",
-            default_value = "1d",
-            allow_hyphen_values = true
-        )]
-        step: String,
-        /// Output: a ranking for a terminal (table) or one JSON object (json).
-        #[arg(long, value_name = "FORMAT", default_value = "table")]
-        format: String,
-        /// Also write DIR/index.html: charts of skill and log loss against λ,
-        /// batch variances with the thresholds, score trajectories of the
-        /// most-voted series, skill per step.
-        #[arg(long, value_name = "DIR")]
-        report: Option<PathBuf>,
-    },
+    Backtest(BacktestArgs),
     /// Do the reviewers agree? Krippendorff's α per rubric and each
-    /// reviewer's deviation from the others, for a vote log (SPEC §11).
+    /// reviewer's deviation from the others, for a vote log.
     ///
     /// Replays the file with the engine of `replay` (every batch closed at
     /// the end). A unit is a scored batch with at least two counted votes
@@ -215,51 +98,241 @@ enum Command {
     /// (vote − mean of the unit's other votes)². Bad lines are skipped. A
     /// running service answers the same on GET /v1/rubrics and
     /// /v1/voters/{id}. Exit status 2 names a bad flag.
-    Agreement {
-        /// Configuration file (TOML), as for replay.
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
-        /// Votes, one JSON object per line.
-        #[arg(long, value_name = "VOTES.jsonl")]
-        input: PathBuf,
-        /// Output: tables for a terminal (table) or one JSON object (json).
-        #[arg(long, value_name = "FORMAT", default_value = "table")]
-        format: String,
-    },
+    Agreement(AgreementArgs),
     /// Ask a running service's query API and print the answer as pretty JSON.
     ///
     /// Any instance of the group answers for every partition (it asks the
     /// instances in api.peers). Exit status 1 on an error answer (404 unknown
     /// inference, 503 while a partition restores, 401 wrong token), whose
     /// JSON goes to stderr.
-    #[command(group(clap::ArgGroup::new("what").required(true).args(["inference", "leaderboard", "rubrics", "voter", "voters"])))]
-    Query {
-        /// Base URL of an instance (its metrics.listen), e.g. http://127.0.0.1:9464.
-        #[arg(long, value_name = "URL")]
-        url: String,
-        /// Print one inference's series (GET /v1/inferences/{id}).
-        #[arg(long, value_name = "ID")]
-        inference: Option<String>,
-        /// Print the model leaderboard (GET /v1/leaderboard).
-        #[arg(long)]
-        leaderboard: bool,
-        /// Print reviewer agreement per rubric: Krippendorff's α (GET /v1/rubrics).
-        #[arg(long)]
-        rubrics: bool,
-        /// Print one reviewer's agreement numbers per rubric (GET /v1/voters/{id}).
-        #[arg(long, value_name = "ID")]
-        voter: Option<String>,
-        /// Print the reviewers of --voter-prompt-id who deviate most from the
-        /// others (GET /v1/voters?voter_prompt_id=R&order=deviation&limit=N).
-        #[arg(long, value_name = "N", requires = "voter_prompt_id")]
-        voters: Option<usize>,
-        /// With --leaderboard: only this rubric; with --voters: the rubric.
-        #[arg(long, value_name = "R", conflicts_with_all = ["inference", "rubrics", "voter"])]
-        voter_prompt_id: Option<String>,
-        /// Bearer token (the service's api.token).
-        #[arg(long, env = "JURYSTREAM_API__TOKEN", hide_env_values = true)]
-        token: Option<String>,
-    },
+    Query(QueryArgs),
+}
+
+#[derive(Args)]
+struct ReplayArgs {
+    /// Configuration file (TOML); keys not set keep their defaults.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Votes, one JSON object per line.
+    #[arg(long, value_name = "VOTES.jsonl")]
+    input: PathBuf,
+    /// RocksDB state directory to continue from and save to.
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Leave open batches open at the end of the file (to continue later).
+    #[arg(long)]
+    keep_open: bool,
+    /// Serve /metrics, /healthz and /readyz on this address while replaying.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_listen: Option<std::net::SocketAddr>,
+    /// With --metrics-listen: keep serving for this many seconds after the
+    /// replay (so a scraper can read the final values).
+    #[arg(long, value_name = "SECONDS", default_value_t = 0)]
+    metrics_linger: u64,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Configuration file (TOML); keys not set keep their defaults.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format (overrides log.format).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormatArg>,
+}
+
+#[derive(Args)]
+struct ConnectArgs {
+    /// Configuration file (TOML); keys not set keep their defaults.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format (overrides log.format).
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    log_format: Option<LogFormatArg>,
+}
+
+#[derive(Args)]
+struct ProduceArgs {
+    /// Votes, one JSON object per line.
+    #[arg(long, value_name = "FILE")]
+    input: PathBuf,
+    /// Topic to publish to.
+    #[arg(long, value_name = "TOPIC", default_value = "votes")]
+    topic: String,
+    /// Bootstrap servers.
+    #[arg(long, value_name = "HOST:PORT", default_value = "localhost:9092")]
+    brokers: String,
+    /// Extra librdkafka properties, KEY=VALUE (repeatable).
+    #[arg(long = "property", value_name = "KEY=VALUE")]
+    properties: Vec<String>,
+}
+
+#[derive(Args)]
+struct ConsumeArgs {
+    /// Topics to read.
+    #[arg(long = "topic", value_name = "TOPIC", default_values_t = ["jury.scores".to_string(), "jury.flags".to_string()])]
+    topics: Vec<String>,
+    /// Bootstrap servers.
+    #[arg(long, value_name = "HOST:PORT", default_value = "localhost:9092")]
+    brokers: String,
+    /// Exit after this many seconds without a new message (default: never).
+    #[arg(long, value_name = "SECONDS")]
+    idle_exit: Option<f64>,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// State directory.
+    #[arg(long, value_name = "DIR")]
+    state_dir: PathBuf,
+    /// The configuration the state was written with (its
+    /// scoring.initial_score places each score's interval; default: the
+    /// built-in defaults and JURYSTREAM_* overrides).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The inference id (integers in their decimal form).
+    #[arg(long, value_name = "ID")]
+    inference: String,
+}
+
+#[derive(Args)]
+struct BacktestArgs {
+    /// Configuration file (TOML); the grid varies λ and the window, the
+    /// rest is used as given (a rubric's own lambda still wins).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Votes, one JSON object per line.
+    #[arg(long, value_name = "VOTES.jsonl")]
+    input: PathBuf,
+    /// Decay constants to try, comma-separated (default: scoring.lambda).
+    #[arg(long, value_name = "L1,L2,…", allow_hyphen_values = true)]
+    lambda: Option<String>,
+    /// Unit of the --lambda values (default: scoring.time_unit).
+    #[arg(long, value_enum, value_name = "U")]
+    time_unit: Option<TimeUnitArg>,
+    /// Windows to try, comma-separated, in seconds or with s, m, h, d
+    /// (default: batching.window_seconds).
+    #[arg(long, value_name = "W1,W2,…", allow_hyphen_values = true)]
+    window: Option<String>,
+    /// Variance thresholds to count flags for, comma-separated
+    /// (default: 0.01,0.02,0.03,0.05,0.075,0.1,0.125,0.15,0.2).
+    #[arg(long, value_name = "T1,T2,…", allow_hyphen_values = true)]
+    variance_threshold: Option<String>,
+    /// Largest share of score updates reviewers can look at: the
+    /// recommended threshold is the smallest whose flag rate is within it.
+    #[arg(
+        long,
+        value_name = "B",
+        default_value = "0.05",
+        allow_hyphen_values = true
+    )]
+    review_budget: String,
+    /// Step of event time for the metrics over time (e.g. 1d, 6h, 3600).
+    #[arg(
+        long,
+        value_name = "D",
+        default_value = "1d",
+        allow_hyphen_values = true
+    )]
+    step: String,
+    /// Output: a ranking for a terminal (table) or one JSON object (json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Format::Table)]
+    format: Format,
+    /// Also write DIR/index.html: charts of skill and log loss against λ,
+    /// batch variances with the thresholds, score trajectories of the
+    /// most-voted series, skill per step.
+    #[arg(long, value_name = "DIR")]
+    report: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct AgreementArgs {
+    /// Configuration file (TOML), as for replay.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Votes, one JSON object per line.
+    #[arg(long, value_name = "VOTES.jsonl")]
+    input: PathBuf,
+    /// Output: tables for a terminal (table) or one JSON object (json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Format::Table)]
+    format: Format,
+}
+
+#[derive(Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["inference", "leaderboard", "rubrics", "voter", "voters"])))]
+struct QueryArgs {
+    /// Base URL of an instance (its metrics.listen), e.g. http://127.0.0.1:9464.
+    #[arg(long, value_name = "URL")]
+    url: String,
+    /// Print one inference's series (GET /v1/inferences/{id}).
+    #[arg(long, value_name = "ID")]
+    inference: Option<String>,
+    /// Print the model leaderboard (GET /v1/leaderboard).
+    #[arg(long)]
+    leaderboard: bool,
+    /// Print reviewer agreement per rubric: Krippendorff's α (GET /v1/rubrics).
+    #[arg(long)]
+    rubrics: bool,
+    /// Print one reviewer's agreement numbers per rubric (GET /v1/voters/{id}).
+    #[arg(long, value_name = "ID")]
+    voter: Option<String>,
+    /// Print the reviewers of --voter-prompt-id who deviate most from the
+    /// others (GET /v1/voters?voter_prompt_id=R&order=deviation&limit=N).
+    #[arg(long, value_name = "N", requires = "voter_prompt_id")]
+    voters: Option<usize>,
+    /// With --leaderboard: only this rubric; with --voters: the rubric.
+    #[arg(long, value_name = "R", conflicts_with_all = ["inference", "rubrics", "voter"])]
+    voter_prompt_id: Option<String>,
+    /// Bearer token (the service's api.token).
+    #[arg(long, env = "JURYSTREAM_API__TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+/// `--format` of the reporting commands.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    /// Text for a terminal.
+    Table,
+    /// One JSON object.
+    Json,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(f: LogFormatArg) -> LogFormat {
+        match f {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
+}
+
+/// `backtest --time-unit`.
+#[derive(Clone, Copy, ValueEnum)]
+enum TimeUnitArg {
+    Seconds,
+    Minutes,
+    Hours,
+    Days,
+}
+
+impl TimeUnitArg {
+    fn as_str(self) -> &'static str {
+        match self {
+            TimeUnitArg::Seconds => "seconds",
+            TimeUnitArg::Minutes => "minutes",
+            TimeUnitArg::Hours => "hours",
+            TimeUnitArg::Days => "days",
+        }
+    }
 }
 
 fn init_logging(json: bool) {
@@ -308,275 +381,223 @@ fn install_signal_handlers(timeout: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
+/// How a command failed: a bad flag or configuration (exit status 2) or
+/// a failure while running (exit status 1); the message is printed once,
+/// by `main`.
+enum Failure {
+    Usage(String),
+    Failed(anyhow::Error),
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        Failure::Failed(e.into())
+    }
+}
+
+type Outcome = Result<(), Failure>;
+
 /// A long-running command's start (`run`, `connect`): its configuration
 /// with `--log-format` applied, logging, and the signal handlers with the
 /// shutdown deadline `timeout` gives.
 fn start_service(
     config: Option<PathBuf>,
-    log_format: Option<String>,
+    log_format: Option<LogFormatArg>,
     timeout: impl Fn(&Config) -> Duration,
-) -> Result<Config, ExitCode> {
+) -> Result<Config, Failure> {
     let mut cfg = load_config(config.as_deref())?;
     if let Some(f) = log_format {
-        cfg.log.format = f.parse::<LogFormat>().map_err(|e| {
-            eprintln!("jurystream: --log-format: {e}");
-            ExitCode::from(2)
-        })?;
+        cfg.log.format = f.into();
     }
     init_logging(cfg.log.format == LogFormat::Json);
-    install_signal_handlers(timeout(&cfg)).map_err(|e| {
-        eprintln!("jurystream: cannot install the signal handlers: {e}");
-        ExitCode::FAILURE
-    })?;
+    install_signal_handlers(timeout(&cfg))
+        .map_err(|e| anyhow::anyhow!("cannot install the signal handlers: {e}"))?;
     Ok(cfg)
 }
 
-fn load_config(path: Option<&std::path::Path>) -> Result<Config, ExitCode> {
-    Config::load(path).map_err(|e: ConfigError| {
-        eprintln!("jurystream: {e}");
-        ExitCode::from(2)
-    })
+fn load_config(path: Option<&std::path::Path>) -> Result<Config, Failure> {
+    Config::load(path).map_err(|e: ConfigError| Failure::Usage(e.to_string()))
+}
+
+fn run(a: RunArgs) -> Outcome {
+    let cfg = start_service(a.config, a.log_format, |c| {
+        Duration::from_millis(c.kafka.shutdown_timeout_ms as u64)
+    })?;
+    // Exit status 1 for every failure once the configuration loaded (a
+    // broker without transactions, a state directory in use: operations.md).
+    jurystream::service::run(cfg, &STOP)?;
+    Ok(())
+}
+
+fn connect(a: ConnectArgs) -> Outcome {
+    let cfg = start_service(a.config, a.log_format, |c| {
+        Duration::from_millis(c.connect.produce_timeout_ms as u64) + Duration::from_secs(5)
+    })?;
+    match jurystream::connect::run(cfg, &STOP) {
+        Err(e) if e.fault == jurystream::connect::error::Fault::Config => {
+            Err(Failure::Usage(e.to_string()))
+        }
+        r => Ok(r?),
+    }
+}
+
+fn produce(a: ProduceArgs) -> Outcome {
+    let mut props = Vec::new();
+    for p in a.properties {
+        match p.split_once('=') {
+            Some((k, v)) => props.push((k.to_owned(), v.to_owned())),
+            None => {
+                return Err(Failure::Usage(format!(
+                    "--property takes KEY=VALUE, got {p:?}"
+                )))
+            }
+        }
+    }
+    let n = jurystream::service::produce::produce(&a.input, &a.topic, &a.brokers, &props)?;
+    eprintln!(
+        "produced {n} messages to {}, every one acknowledged by the broker",
+        a.topic
+    );
+    Ok(())
+}
+
+fn consume(a: ConsumeArgs) -> Outcome {
+    jurystream::service::produce::consume(
+        &a.brokers,
+        &a.topics,
+        a.idle_exit.map(Duration::from_secs_f64),
+    )?;
+    Ok(())
+}
+
+fn replay(a: ReplayArgs) -> Outcome {
+    let cfg = load_config(a.config.as_deref())?;
+    let metrics = match a.metrics_listen {
+        None => None,
+        Some(addr) => {
+            let m = jurystream::telemetry::Metrics::new(cfg.metrics.max_label_values as usize);
+            jurystream::telemetry::serve(addr, m.clone(), Default::default())
+                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+            Some(m)
+        }
+    };
+    let opts = jurystream::replay::ReplayOptions {
+        input: &a.input,
+        state_dir: a.state_dir.as_deref(),
+        keep_open: a.keep_open,
+        metrics: metrics.clone(),
+    };
+    let result = jurystream::replay::run(&cfg, &opts, std::io::stdout());
+    if let Ok(s) = &result {
+        tracing::debug!(
+            lines = s.lines,
+            rejected = s.rejected,
+            events = s.events,
+            "replay done"
+        );
+    }
+    if metrics.is_some() && a.metrics_linger > 0 {
+        std::thread::sleep(Duration::from_secs(a.metrics_linger));
+    }
+    result?;
+    Ok(())
+}
+
+fn backtest(a: BacktestArgs) -> Outcome {
+    use jurystream::backtest;
+    let cfg = load_config(a.config.as_deref())?;
+    let usage = |e: backtest::UsageError| Failure::Usage(e.to_string());
+    let raw = backtest::RawOptions {
+        input: a.input,
+        lambda: a.lambda,
+        time_unit: a.time_unit.map(|u| u.as_str().to_owned()),
+        window: a.window,
+        variance_threshold: a.variance_threshold,
+        review_budget: Some(a.review_budget),
+        step: Some(a.step),
+        report: a.report,
+    };
+    let opts = raw.resolve(&cfg).map_err(usage)?;
+    backtest::grid(&cfg, &opts).map_err(usage)?;
+    match backtest::run_and_print(&cfg, &opts, a.format == Format::Json) {
+        Err(e) => match e.downcast::<backtest::UsageError>() {
+            Ok(u) => Err(usage(u)),
+            Err(e) => Err(Failure::Failed(e)),
+        },
+        Ok(()) => Ok(()),
+    }
+}
+
+fn agreement(a: AgreementArgs) -> Outcome {
+    let cfg = load_config(a.config.as_deref())?;
+    let (tally, summary) = jurystream::agreement::tally_file(&cfg, &a.input)?;
+    match a.format {
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string(&tally.report()).unwrap_or_default()
+        ),
+        Format::Table => print!("{}", jurystream::agreement::table(&tally)),
+    }
+    eprintln!(
+        "jurystream: agreement: {} lines, {} rejected, {} rubrics, {} reviewer rows",
+        summary.lines,
+        summary.rejected,
+        tally.rubrics.len(),
+        tally.reviewers.len()
+    );
+    Ok(())
+}
+
+fn inspect(a: InspectArgs) -> Outcome {
+    let cfg = load_config(a.config.as_deref())?;
+    let initial_score = cfg.engine().initial_score;
+    let v = jurystream::inspect::inspect(&a.state_dir, &a.inference, initial_score)?;
+    println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    Ok(())
+}
+
+fn query(a: QueryArgs) -> Outcome {
+    use jurystream::api::percent_encode;
+    let rubric = a.voter_prompt_id.map(|r| percent_encode(&r));
+    let path = match (a.inference, a.voter, a.voters, rubric) {
+        (Some(id), ..) => format!("/v1/inferences/{}", percent_encode(&id)),
+        (_, Some(id), ..) => format!("/v1/voters/{}", percent_encode(&id)),
+        (_, _, Some(n), Some(r)) => {
+            format!("/v1/voters?voter_prompt_id={r}&order=deviation&limit={n}")
+        }
+        _ if a.rubrics => "/v1/rubrics".to_owned(),
+        (.., Some(r)) => format!("/v1/leaderboard?voter_prompt_id={r}"),
+        _ => "/v1/leaderboard".to_owned(),
+    };
+    let text = jurystream::api::http::query(&a.url, &path, a.token.as_deref())?;
+    println!("{text}");
+    Ok(())
 }
 
 fn main() -> ExitCode {
     allocator::tune_allocator();
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Run { .. } | Command::Connect { .. }) {
+    if !matches!(cli.command, Command::Run(_) | Command::Connect(_)) {
         init_logging(false);
     }
-    let result = match cli.command {
-        Command::Run { config, log_format } => {
-            let cfg = match start_service(config, log_format, |c| {
-                Duration::from_millis(c.kafka.shutdown_timeout_ms as u64)
-            }) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            jurystream::service::run(cfg, &STOP).map_err(anyhow::Error::from)
-        }
-        Command::Connect { config, log_format } => {
-            let cfg = match start_service(config, log_format, |c| {
-                Duration::from_millis(c.connect.produce_timeout_ms as u64) + Duration::from_secs(5)
-            }) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            match jurystream::connect::run(cfg, &STOP) {
-                Err(e) if e.fault == jurystream::connect::error::Fault::Config => {
-                    eprintln!("jurystream: {e}");
-                    return ExitCode::from(2);
-                }
-                r => r.map_err(anyhow::Error::from),
-            }
-        }
-        Command::Produce {
-            input,
-            topic,
-            brokers,
-            properties,
-        } => {
-            let mut props = Vec::new();
-            for p in properties {
-                match p.split_once('=') {
-                    Some((k, v)) => props.push((k.to_owned(), v.to_owned())),
-                    None => {
-                        eprintln!("jurystream: --property takes KEY=VALUE, got {p:?}");
-                        return ExitCode::from(2);
-                    }
-                }
-            }
-            jurystream::service::produce::produce(&input, &topic, &brokers, &props).map(|n| {
-                eprintln!("produced {n} messages to {topic}, every one acknowledged by the broker");
-            })
-        }
-        Command::Replay {
-            config,
-            input,
-            state_dir,
-            keep_open,
-            metrics_listen,
-            metrics_linger,
-        } => {
-            let cfg = match load_config(config.as_deref()) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let metrics = match metrics_listen {
-                None => None,
-                Some(addr) => {
-                    let m =
-                        jurystream::telemetry::Metrics::new(cfg.metrics.max_label_values as usize);
-                    if let Err(e) =
-                        jurystream::telemetry::serve(addr, m.clone(), Default::default())
-                    {
-                        eprintln!("jurystream: cannot listen on {addr}: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                    Some(m)
-                }
-            };
-            let opts = jurystream::replay::ReplayOptions {
-                input: &input,
-                state_dir: state_dir.as_deref(),
-                keep_open,
-                metrics: metrics.clone(),
-            };
-            let r = jurystream::replay::run(&cfg, &opts, std::io::stdout()).map(|s| {
-                tracing::debug!(
-                    lines = s.lines,
-                    rejected = s.rejected,
-                    events = s.events,
-                    "replay done"
-                );
-            });
-            if metrics.is_some() && metrics_linger > 0 {
-                std::thread::sleep(Duration::from_secs(metrics_linger));
-            }
-            r
-        }
-        Command::Backtest {
-            config,
-            input,
-            lambda,
-            time_unit,
-            window,
-            variance_threshold,
-            review_budget,
-            step,
-            format,
-            report,
-        } => {
-            use jurystream::backtest;
-            let cfg = match load_config(config.as_deref()) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let usage = |e: backtest::UsageError| {
-                eprintln!("jurystream: {e}");
-                ExitCode::from(2)
-            };
-            let json = match format.as_str() {
-                "json" => true,
-                "table" => false,
-                other => {
-                    return usage(backtest::UsageError(format!(
-                        "--format: {other:?} is not table or json"
-                    )))
-                }
-            };
-            let raw = backtest::RawOptions {
-                input,
-                lambda,
-                time_unit,
-                window,
-                variance_threshold,
-                review_budget: Some(review_budget),
-                step: Some(step),
-                report,
-            };
-            let opts = match raw.resolve(&cfg) {
-                Ok(o) => o,
-                Err(e) => return usage(e),
-            };
-            if let Err(e) = backtest::grid(&cfg, &opts) {
-                return usage(e);
-            }
-            match backtest::run_and_print(&cfg, &opts, json) {
-                Err(e) if e.downcast_ref::<backtest::UsageError>().is_some() => {
-                    eprintln!("jurystream: {e}");
-                    return ExitCode::from(2);
-                }
-                r => r,
-            }
-        }
-        Command::Agreement {
-            config,
-            input,
-            format,
-        } => {
-            let json = match format.as_str() {
-                "json" => true,
-                "table" => false,
-                other => {
-                    eprintln!("jurystream: --format: {other:?} is not table or json");
-                    return ExitCode::from(2);
-                }
-            };
-            let cfg = match load_config(config.as_deref()) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            jurystream::agreement::tally_file(&cfg, &input).map(|(tally, summary)| {
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string(&tally.report()).unwrap_or_default()
-                    );
-                } else {
-                    print!("{}", jurystream::agreement::table(&tally));
-                }
-                eprintln!(
-                    "jurystream: agreement: {} lines, {} rejected, {} rubrics, {} reviewer rows",
-                    summary.lines,
-                    summary.rejected,
-                    tally.rubrics.len(),
-                    tally.reviewers.len()
-                );
-            })
-        }
-        Command::Consume {
-            topics,
-            brokers,
-            idle_exit,
-        } => jurystream::service::produce::consume(
-            &brokers,
-            &topics,
-            idle_exit.map(Duration::from_secs_f64),
-        )
-        .map(|_| ()),
-        Command::Inspect {
-            state_dir,
-            config,
-            inference,
-        } => {
-            let cfg = match load_config(config.as_deref()) {
-                Ok(c) => c,
-                Err(code) => return code,
-            };
-            let initial_score = cfg.engine().initial_score;
-            jurystream::inspect::inspect(&state_dir, &inference, initial_score).map(|v| {
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-            })
-        }
-        Command::Query {
-            url,
-            inference,
-            leaderboard: _,
-            rubrics,
-            voter,
-            voters,
-            voter_prompt_id,
-            token,
-        } => {
-            use jurystream::api::percent_encode;
-            let rubric = voter_prompt_id.map(|r| percent_encode(&r));
-            let path = match (inference, voter, voters, rubric) {
-                (Some(id), ..) => format!("/v1/inferences/{}", percent_encode(&id)),
-                (_, Some(id), ..) => format!("/v1/voters/{}", percent_encode(&id)),
-                (_, _, Some(n), Some(r)) => {
-                    format!("/v1/voters?voter_prompt_id={r}&order=deviation&limit={n}")
-                }
-                _ if rubrics => "/v1/rubrics".to_owned(),
-                (.., Some(r)) => format!("/v1/leaderboard?voter_prompt_id={r}"),
-                _ => "/v1/leaderboard".to_owned(),
-            };
-            jurystream::api::http::query(&url, &path, token.as_deref())
-                .map(|text| println!("{text}"))
-        }
+    let outcome = match cli.command {
+        Command::Run(a) => run(a),
+        Command::Connect(a) => connect(a),
+        Command::Produce(a) => produce(a),
+        Command::Consume(a) => consume(a),
+        Command::Replay(a) => replay(a),
+        Command::Backtest(a) => backtest(a),
+        Command::Agreement(a) => agreement(a),
+        Command::Inspect(a) => inspect(a),
+        Command::Query(a) => query(a),
     };
-    match result {
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Err(Failure::Usage(e)) => {
+            eprintln!("jurystream: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Failed(e)) => {
             eprintln!("jurystream: {e:#}");
             ExitCode::FAILURE
         }
