@@ -281,11 +281,13 @@ fn kill_9_at_many_points(mode: &str) {
                     log.contains("restored partitions resumed")
                         && reconciled_cycles(log).len() >= in_doubt_restores(log)
                 } else {
-                    log.contains("partition state restored")
+                    true
                 }
             };
             let deadline = Instant::now() + Duration::from_secs(120);
-            while !done(&svc.log_text()) {
+            // Ready (/readyz) with partitions restored (metrics), and in
+            // doubt mid-stream the log's evidence of the completed cycles.
+            while !(svc.is_ready() && !svc.ready_partitions().is_empty() && done(&svc.log_text())) {
                 assert!(
                     Instant::now() < deadline,
                     "restart {} completed no interrupted cycle of the instance killed at \
@@ -505,7 +507,7 @@ fn kill_9_one_of_three(mode: &str) {
         || {
             [&a, &b, &c]
                 .iter()
-                .all(|s| s.log_text().contains("partition state restored"))
+                .all(|s| !s.ready_partitions().is_empty())
                 .then_some(())
         },
     );
@@ -517,39 +519,21 @@ fn kill_9_one_of_three(mode: &str) {
             .sum::<i64>();
         (done > produced / 2 + produced / 10).then_some(())
     });
+    // What b holds (its metrics) just before the kill.
+    let b_parts: Vec<i32> = b.ready_partitions().into_iter().collect();
     b.kill9();
     let killed_at = std::time::Instant::now();
-    let b_log = b.log_text();
-    let since_last_assignment = b_log
-        .rsplit_once("partitions assigned")
-        .map_or("", |(_, rest)| rest);
-    let b_parts: Vec<i32> = since_last_assignment
-        .lines()
-        .filter(|l| l.contains("partition state restored"))
-        .filter_map(|l| {
-            l.split("partition=")
-                .nth(1)?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .collect();
     assert!(!b_parts.is_empty(), "b owned partitions when it was killed");
     // The survivors take b's partitions over once its session times out
     // (6 s here). tansu 0.6.0's coordinator drops an expired member without
     // telling the others to rejoin (it returns no error to their
     // heartbeats), so nothing moves until another member joins: start a
     // fourth one then.
+    // Ready partitions of b's that a survivor holds (its metrics).
     let taken = |s: &Service| {
-        s.log_text()
-            .lines()
-            .filter(|l| l.contains("partition state restored"))
-            .filter(|l| {
-                b_parts
-                    .iter()
-                    .any(|p| l.contains(&format!("partition={p} ")))
-            })
+        s.ready_partitions()
+            .iter()
+            .filter(|p| b_parts.contains(p))
             .count()
     };
     let before = taken(&a) + taken(&c);
@@ -802,21 +786,6 @@ fn new_instance_with_empty_state_continues_from_the_changelog() {
     assert_same_events(&setup, &expected);
 }
 
-/// Partitions whose state the service restored since its last assignment
-/// (0 while a rebalance has taken them away), or None before the first one.
-fn restored_since_last_assignment(svc: &Service) -> Option<usize> {
-    let log = svc.log_text();
-    let (_, rest) = log.rsplit_once("partitions assigned")?;
-    if rest.contains("partition revoked") || rest.contains("partitions lost") {
-        return Some(0);
-    }
-    Some(
-        rest.lines()
-            .filter(|l| l.contains("partition state restored"))
-            .count(),
-    )
-}
-
 /// Stops `members` gracefully, one at a time, each only after the group has
 /// settled again (the remaining members own all `partitions`).
 ///
@@ -839,10 +808,8 @@ fn stop_one_at_a_time(mut members: Vec<Service>, partitions: usize) {
 /// restored (no rebalance in progress).
 fn wait_settled(members: &[&Service], partitions: usize) {
     wait_for("the group to settle", Duration::from_secs(120), || {
-        let owned: usize = members
-            .iter()
-            .map(|s| restored_since_last_assignment(s).unwrap_or(0))
-            .sum();
+        // Every partition held ready by one of them (their metrics).
+        let owned: usize = members.iter().map(|s| s.ready_partitions().len()).sum();
         (owned == partitions).then_some(())
     });
 }
@@ -852,7 +819,7 @@ fn wait_settled(members: &[&Service], partitions: usize) {
 fn instance_owning_every_partition(setup: &Setup, partitions: usize) -> Service {
     let svc = instance(setup, "final", "a", "127.0.0.1:0", None);
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while restored_since_last_assignment(&svc) != Some(partitions) {
+    while svc.ready_partitions().len() != partitions {
         assert!(
             std::time::Instant::now() < deadline,
             "the final instance was not assigned all {partitions} partitions:\n{}",
@@ -909,10 +876,6 @@ fn scale_out_1_3_1_while_votes_flow_equals_one_instance() {
         "scale-group",
         produced,
         "two thirds committed by three instances",
-    );
-    assert!(
-        b.log_text().contains("partitions assigned")
-            && c.log_text().contains("partitions assigned")
     );
     // One at a time, each after the group settled (see stop_one_at_a_time).
     wait_settled(&[&a, &b, &c], 6);

@@ -64,8 +64,13 @@ impl Engine {
             self.note_unit(&key.series.voter_prompt_id, &counted);
         }
         let cfg = &self.cfg;
-        // An open batch pins its series in the cache, so it is here.
+        // An open batch pins its series in the cache, so it is here; if not,
+        // the score update is lost: the shell must stop before committing.
         let Some(entry) = self.series.get_mut(&key.series) else {
+            let what = format!(
+                "batch {seq} closed, but its series is not in the cache (an open batch pins it)"
+            );
+            self.inconsistent(&key.series, what);
             return;
         };
         entry.open.retain(|s| *s != seq);

@@ -301,7 +301,20 @@ pub struct Engine {
     /// The cache holds every series and identity of the partition (a new
     /// partition before its first eviction): nothing needs loading.
     complete: bool,
+    /// The first state met that the engine's own rules exclude, for the
+    /// shell to stop on ([`Engine::take_inconsistency`]).
+    inconsistency: Option<Inconsistency>,
     pub counters: Counters,
+}
+
+/// A state the engine's own rules exclude (a bug, or state that was wrong
+/// when loaded), met while processing: the engine goes on without the
+/// affected step, and the shell stops with a fatal store error that names
+/// the series (`Store::inconsistent`) before anything of it is committed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inconsistency {
+    pub series: SeriesKey,
+    pub what: String,
 }
 
 impl Engine {
@@ -331,8 +344,22 @@ impl Engine {
             tick: 0,
             identity_cut: 0,
             complete: true,
+            inconsistency: None,
             counters: Counters::default(),
         }
+    }
+
+    /// The first inconsistency met since the last call (see
+    /// [`Inconsistency`]); the shell checks after each vote and cycle.
+    pub fn take_inconsistency(&mut self) -> Option<Inconsistency> {
+        self.inconsistency.take()
+    }
+
+    fn inconsistent(&mut self, series: &SeriesKey, what: String) {
+        self.inconsistency.get_or_insert_with(|| Inconsistency {
+            series: series.clone(),
+            what,
+        });
     }
 
     /// Rebuilds an engine from persisted parts (nothing is marked dirty):

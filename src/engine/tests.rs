@@ -701,3 +701,31 @@ fn certainty_edge_cases() {
     assert!(out.iter().any(|u| (u.aggregate - u.mean_vote).abs() > 0.01));
     assert_certainty_direct(&out, 0.5);
 }
+
+/// A batch whose pinned series is missing at its close (excluded by the
+/// engine's rules: a bug) loses no update silently: the engine reports an
+/// inconsistency naming the series, which the shells turn into a fatal
+/// store error.
+#[test]
+fn a_missing_pinned_series_is_reported_not_dropped() {
+    let mut e = Engine::new(cfg());
+    let (out, _) = run(
+        &mut e,
+        &[
+            vote("i", "a", Some(1.0), "2024-01-01T00:00:00Z"),
+            vote("i", "b", Some(0.0), "2024-01-01T00:00:01Z"),
+        ],
+    );
+    assert!(out.is_empty());
+    assert_eq!(e.take_inconsistency(), None);
+    let key = e.series.keys().next().cloned().unwrap();
+    e.series.clear();
+    let mut out = Vec::new();
+    e.close_all(&mut out);
+    assert!(out.is_empty());
+    let i = e.take_inconsistency().expect("reported");
+    assert_eq!(i.series, key);
+    assert!(i.what.contains("not in the cache"), "{}", i.what);
+    // Reported once.
+    assert_eq!(e.take_inconsistency(), None);
+}

@@ -154,7 +154,7 @@ impl Session {
             self.ensure_cycle()?;
             let now = wall_clock();
             let part = self.parts.get_mut(&tp).ok_or_else(|| not_assigned(&tp))?;
-            part.advance_watermark(now - grace, &mut self.updates);
+            part.advance_watermark(now - grace, &mut self.updates)?;
             if !self.updates.is_empty() {
                 tracing::debug!(topic = %tp.0, partition = tp.1, closed = self.updates.len(), "idle flush");
             }

@@ -135,13 +135,29 @@ impl Part {
         if wants != Wants::default() {
             self.store.provide(&mut self.engine, &[wants])?;
         }
-        Ok(self.engine.process_with_identity(vote, identity, updates))
+        let outcome = self.engine.process_with_identity(vote, identity, updates);
+        self.check()?;
+        Ok(outcome)
     }
 
     /// Live mode's idle flush: moves the watermark to `to`.
-    pub fn advance_watermark(&mut self, to: Nanos, updates: &mut Vec<ScoreUpdate>) {
+    pub fn advance_watermark(
+        &mut self,
+        to: Nanos,
+        updates: &mut Vec<ScoreUpdate>,
+    ) -> std::result::Result<(), StoreError> {
         self.last_record = Instant::now();
         self.engine.advance_watermark(to, updates);
+        self.check()
+    }
+
+    /// An inconsistency the engine met is a fatal store error, before the
+    /// cycle that met it commits anything.
+    fn check(&mut self) -> std::result::Result<(), StoreError> {
+        match self.engine.take_inconsistency() {
+            Some(i) => Err(self.store.inconsistent(i)),
+            None => Ok(()),
+        }
     }
 
     /// Counts one event of the open cycle: its index and the cycle's number

@@ -169,8 +169,8 @@ fn adopt(s: &mut Session, restored: Vec<Restored>) -> Result<()> {
         s.flush_acked("re-publish the interrupted cycle's events")?;
     }
     for (tp, u) in &in_doubt {
-        tracing::info!(topic = %tp.0, partition = tp.1, cycle = u.seq, published_now = u.events.len(),
-            "completed the delivery of the last cycle before this restore");
+        tracing::info!(topic = %tp.0, partition = tp.1, cycle = u.seq, events = u.total,
+            published_now = u.events.len(), "completed the delivery of the last cycle before this restore");
     }
     let tps: Vec<Tp> = in_doubt.into_iter().map(|(tp, _)| tp).collect();
     write_delivered(s, &tps)

@@ -45,6 +45,8 @@ pub struct Restored {
 /// their index in the cycle.
 pub struct Undelivered {
     pub seq: u64,
+    /// Events of the cycle in all.
+    pub total: usize,
     pub events: Vec<(u32, OutEvent)>,
 }
 
@@ -148,9 +150,11 @@ fn check_outputs(cfg: &Config, restored: &mut [Restored], cancel: &AtomicBool) -
     }
     let missing = undelivered(cfg, &cycles, cancel)?;
     for ((cycle, todo), i) in cycles.into_iter().zip(missing).zip(at) {
+        let total = cycle.events.len();
         let mut events: Vec<Option<OutEvent>> = cycle.events.into_iter().map(Some).collect();
         restored[i].undelivered = Some(Undelivered {
             seq: cycle.marker.seq,
+            total,
             events: todo
                 .into_iter()
                 .filter_map(|j| events.get_mut(j as usize)?.take().map(|ev| (j, ev)))

@@ -319,6 +319,10 @@ impl Session {
         for tp in self.to_restore.iter().chain(restoring) {
             held.entry(tp.clone()).or_insert(None);
         }
+        self.metrics.partitions_held(
+            held.iter()
+                .map(|(tp, store)| (format!("{}-{}", tp.0, tp.1), store.is_some())),
+        );
         self.holdings.set_held(held);
     }
 

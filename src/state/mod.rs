@@ -282,6 +282,12 @@ impl Store {
         }
     }
 
+    /// The fatal error for an inconsistency the engine met (it names the
+    /// series' key in this store).
+    pub fn inconsistent(&self, i: crate::engine::Inconsistency) -> StoreError {
+        self.corrupt(&keys::series_key_bytes(&i.series), i.what)
+    }
+
     fn corrupt(&self, key: &[u8], why: impl ToString) -> StoreError {
         StoreError::Corrupt {
             path: self.path.clone(),

@@ -69,6 +69,8 @@ pub const BATCH_VARIANCE: &str = "jurystream_batch_variance";
 pub const OPEN_BATCHES: &str = "jurystream_open_batches";
 pub const CACHE_BYTES: &str = "jurystream_state_cache_bytes";
 pub const WATERMARK: &str = "jurystream_watermark_timestamp_seconds";
+/// Per input partition this instance holds: 1 ready, 0 being restored.
+pub const PARTITION_READY: &str = "jurystream_partition_ready";
 pub const CONSUMER_LAG: &str = "jurystream_consumer_lag_messages";
 pub const COMMIT_DURATION: &str = "jurystream_commit_duration_seconds";
 pub const RESTORE_DURATION: &str = "jurystream_state_restore_duration_seconds";
@@ -188,6 +190,7 @@ pub struct Metrics {
     open_batches: IntGauge,
     cache_bytes: IntGauge,
     watermark: GaugeFamily,
+    partition_ready: GaugeFamily,
     lag: GaugeFamily,
     commit: Histogram,
     restore: Histogram,
@@ -272,6 +275,11 @@ impl Metrics {
             "Event-time watermark per input partition (Unix seconds).",
             &[PARTITION],
         );
+        let partition_ready = GaugeFamily::new(
+            PARTITION_READY,
+            "Input partitions this instance holds: 1 ready (restored, consuming), 0 being restored.",
+            &[PARTITION],
+        );
         let lag = GaugeFamily::new(
             CONSUMER_LAG,
             "Messages behind the end of each input partition (librdkafka statistics).",
@@ -339,6 +347,7 @@ impl Metrics {
         register(&registry, open_batches.clone());
         register(&registry, cache_bytes.clone());
         register(&registry, watermark.clone());
+        register(&registry, partition_ready.clone());
         register(&registry, lag.clone());
         register(&registry, commit.clone());
         register(&registry, restore.clone());
@@ -364,6 +373,7 @@ impl Metrics {
             open_batches,
             cache_bytes,
             watermark,
+            partition_ready,
             lag,
             commit,
             restore,
@@ -527,6 +537,15 @@ impl Metrics {
     }
 
     /// A partition went away (revoked): its gauges go, its counts stay.
+    /// The input partitions this instance holds now (`partition`, ready),
+    /// replacing the last set.
+    pub fn partitions_held(&self, held: impl IntoIterator<Item = (String, bool)>) {
+        self.partition_ready.replace_all(
+            held.into_iter()
+                .map(|(p, ready)| (vec![p], if ready { 1.0 } else { 0.0 })),
+        );
+    }
+
     pub fn forget_partition(&self, partition: &str) {
         let mut g = lock(&self.partitions);
         g.open.remove(partition);

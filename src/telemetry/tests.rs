@@ -344,3 +344,30 @@ fn engine_counters_fold_deltas() {
     m.engine_counters("q", &c, 0, 0, None);
     assert!(m.render().contains("jurystream_votes_accepted_total 14\n"));
 }
+
+/// The partitions an instance holds, ready or restoring, replace the last
+/// set: a released partition disappears.
+#[test]
+fn held_partitions_are_listed_and_replaced() {
+    let m = Metrics::new(10);
+    m.partitions_held([
+        ("votes-0".to_string(), true),
+        ("votes-1".to_string(), false),
+    ]);
+    let text = m.render();
+    assert!(
+        text.contains("jurystream_partition_ready{partition=\"votes-0\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("jurystream_partition_ready{partition=\"votes-1\"} 0\n"),
+        "{text}"
+    );
+    m.partitions_held([("votes-1".to_string(), true)]);
+    let text = m.render();
+    assert!(!text.contains("partition=\"votes-0\""), "{text}");
+    assert!(
+        text.contains("jurystream_partition_ready{partition=\"votes-1\"} 1\n"),
+        "{text}"
+    );
+}

@@ -447,10 +447,16 @@ pub fn instance_with(
         .join(format!("state-{tag}"))
         .display()
         .to_string();
+    // A free port rather than port 0, so that the test can ask /readyz and
+    // /metrics.
+    let listen = match metrics.strip_suffix(":0") {
+        Some(host) => format!("{host}:{}", free_port()),
+        None => metrics.to_owned(),
+    };
     let mut env = vec![
         ("JURYSTREAM_INSTANCE_ID", tag),
         ("JURYSTREAM_STATE__DIR", state.as_str()),
-        ("JURYSTREAM_METRICS__LISTEN", metrics),
+        ("JURYSTREAM_METRICS__LISTEN", listen.as_str()),
     ];
     if let Some(idle) = idle_flush {
         env.push(("JURYSTREAM_BATCHING__IDLE_FLUSH_SECONDS", idle));
@@ -463,6 +469,9 @@ pub fn instance_with(
 pub struct Service {
     pub child: Child,
     pub log: PathBuf,
+    /// Where its /metrics, /healthz and /readyz answer, when known (from
+    /// `JURYSTREAM_METRICS__LISTEN`).
+    pub port: Option<u16>,
 }
 
 impl Service {
@@ -472,12 +481,16 @@ impl Service {
     /// stops when it cannot listen.
     pub fn start(setup: &Setup, tag: &str) -> Service {
         let text = std::fs::read_to_string(&setup.config).unwrap();
-        let env: &[(&str, &str)] = if text.contains("[metrics]") {
-            &[]
-        } else {
-            &[("JURYSTREAM_METRICS__LISTEN", "127.0.0.1:0")]
-        };
-        Self::start_with(&setup.config, setup.dir.path(), tag, env)
+        if text.contains("[metrics]") {
+            return Self::start_with(&setup.config, setup.dir.path(), tag, &[]);
+        }
+        let listen = format!("127.0.0.1:{}", free_port());
+        Self::start_with(
+            &setup.config,
+            setup.dir.path(),
+            tag,
+            &[("JURYSTREAM_METRICS__LISTEN", listen.as_str())],
+        )
     }
 
     pub fn start_with(config: &Path, dir: &Path, tag: &str, env: &[(&str, &str)]) -> Service {
@@ -495,7 +508,48 @@ impl Service {
             .stderr(f)
             .spawn()
             .expect("start jurystream run");
-        Service { child, log }
+        let port = env
+            .iter()
+            .find(|(k, _)| *k == "JURYSTREAM_METRICS__LISTEN")
+            .and_then(|(_, v)| v.rsplit_once(':')?.1.parse().ok())
+            .filter(|p| *p != 0);
+        Service { child, log, port }
+    }
+
+    /// One GET on the service's metrics address: status and body.
+    pub fn get(&self, path: &str) -> Option<(u16, String)> {
+        use std::io::{Read, Write};
+        let port = self.port.expect("the service's metrics port is known");
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).ok()?;
+        let code = text.split_whitespace().nth(1)?.parse().ok()?;
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        Some((code, body.to_owned()))
+    }
+
+    /// Whether `/readyz` answers 200 (a partition assignment was received
+    /// and every assigned partition is restored).
+    pub fn is_ready(&self) -> bool {
+        self.get("/readyz").is_some_and(|(code, _)| code == 200)
+    }
+
+    /// The input partitions (numbers) this instance holds restored and
+    /// consuming, from `jurystream_partition_ready` on /metrics.
+    pub fn ready_partitions(&self) -> std::collections::BTreeSet<i32> {
+        let Some((200, text)) = self.get("/metrics") else {
+            return Default::default();
+        };
+        text.lines()
+            .filter_map(|l| l.strip_prefix("jurystream_partition_ready{partition=\""))
+            .filter_map(|l| {
+                let (name, value) = l.split_once("\"} ")?;
+                (value.trim() == "1").then_some(())?;
+                name.rsplit_once('-')?.1.parse().ok()
+            })
+            .collect()
     }
 
     pub fn kill9(&mut self) {
