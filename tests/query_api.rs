@@ -500,3 +500,104 @@ fn a_restoring_partition_answers_503_not_a_stale_answer() {
         "the first answer is the whole restored state"
     );
 }
+
+/// `/healthz` and `/metrics` answer within 100 ms (p99) while the query
+/// API is asked its heaviest answers in a loop: `/v1/voters` with
+/// `limit=10000` (of 12 000 reviewers) and `/v1/leaderboard`. Store reads,
+/// merges and encoding run off the runtime that serves health.
+#[test]
+fn health_answers_within_100_ms_p99_under_query_load() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "qhealth", 2, "exactly_once_outbox", "");
+    // 6 000 inferences, each reviewed by two reviewers of their own, one
+    // second apart: 12 000 reviewers of rubric "r" with a unit each.
+    let input = setup.dir.path().join("votes.jsonl");
+    let mut lines = String::new();
+    for i in 0..6_000u64 {
+        for (v, value) in [(2 * i, 1.0), (2 * i + 1, 0.0)] {
+            let t = format!(
+                "2024-07-07T{:02}:{:02}:{:02}Z",
+                9 + i / 3600,
+                i / 60 % 60,
+                i % 60
+            );
+            lines.push_str(&format!(
+                "{{\"inference_id\":\"inf-{i}\",\"voter_id\":\"rev-{v:05}\",\"voter_prompt_id\":\"r\",\
+                 \"vote\":{value},\"timestamp\":\"{t}\",\"model_id\":\"m\"}}\n"
+            ));
+        }
+    }
+    std::fs::write(&input, lines).unwrap();
+    setup.produce(&input);
+    let svc = instance(&setup, "a", "a", "127.0.0.1:0", None);
+    let voters = "/v1/voters?voter_prompt_id=r&limit=10000";
+    wait_for(
+        "10 000 reviewers in the answer",
+        Duration::from_secs(300),
+        || {
+            let (code, body) = svc.get(voters)?;
+            let v: Value = serde_json::from_str(&body).ok()?;
+            (code == 200 && v["voters"].as_array()?.len() == 10_000).then_some(())
+        },
+    );
+    let port = svc.port.unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (load, health) = std::thread::scope(|s| {
+        let load: Vec<_> = [voters, voters, voters, "/v1/leaderboard"]
+            .into_iter()
+            .map(|path| {
+                let stop = &stop;
+                s.spawn(move || {
+                    let mut answered = 0u32;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let code = get(port, path, None).map(|r| r.0);
+                        assert_eq!(code, Some(200), "{path}");
+                        answered += 1;
+                    }
+                    answered
+                })
+            })
+            .collect();
+        let mut health = Vec::new();
+        let end = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < end {
+            for path in ["/healthz", "/metrics"] {
+                let t = Instant::now();
+                let code = get(port, path, None).map(|r| r.0);
+                health.push((path, t.elapsed(), code));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let load: Vec<u32> = load.into_iter().map(|h| h.join().unwrap()).collect();
+        (load, health)
+    });
+    // The load was real: every loop got answers throughout.
+    assert!(
+        load.iter().all(|n| *n >= 3),
+        "answers per load loop: {load:?}"
+    );
+    for path in ["/healthz", "/metrics"] {
+        let mut ms: Vec<f64> = health
+            .iter()
+            .filter(|(p, ..)| *p == path)
+            .map(|(_, d, code)| {
+                assert_eq!(*code, Some(200), "{path}");
+                d.as_secs_f64() * 1e3
+            })
+            .collect();
+        ms.sort_by(f64::total_cmp);
+        assert!(ms.len() >= 100, "{path}: {} samples", ms.len());
+        let p99 = ms[(ms.len() * 99).div_ceil(100) - 1];
+        eprintln!(
+            "{path} under load: {} requests, p50 {:.1} ms, p99 {p99:.1} ms, max {:.1} ms; load answers {load:?}",
+            ms.len(),
+            ms[ms.len() / 2],
+            ms[ms.len() - 1]
+        );
+        assert!(p99 < 100.0, "{path}: p99 {p99:.1} ms under load");
+    }
+}

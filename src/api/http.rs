@@ -230,38 +230,50 @@ fn store_error(e: crate::state::StoreError) -> Response {
     )
 }
 
-fn local<T: Serialize>(r: Result<LocalAnswer<T>, Response>) -> Response {
-    match r {
-        Ok(a) => Json(a).into_response(),
-        Err(r) => r,
+/// A `/v1/local/*` answer, read and encoded off the runtime.
+async fn local<T: Serialize>(
+    api: &Arc<Api>,
+    read: impl FnOnce(&Holdings) -> Result<LocalAnswer<T>, crate::state::StoreError> + Send + 'static,
+) -> Response {
+    match off_runtime(api, move |h| read(h).map(|a| Json(a).into_response())).await {
+        Ok(r) | Err(r) => r,
+    }
+}
+
+/// Merging the instances' answers and encoding the result, off the runtime
+/// too: a voters list of 10 000 rows costs milliseconds of CPU that
+/// `/healthz` must not wait for.
+async fn settle(api: &Arc<Api>, answer: impl FnOnce() -> Response + Send + 'static) -> Response {
+    match off_runtime(api, move |_| Ok(answer())).await {
+        Ok(r) | Err(r) => r,
     }
 }
 
 async fn local_inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     match id_from(&uri, "inference id") {
-        Ok(id) => local(off_runtime(&api, move |h| h.inference(&id)).await),
+        Ok(id) => local(&api, move |h| h.inference(&id)).await,
         Err(m) => bad_request(m),
     }
 }
 
 async fn local_leaderboard(State(api): State<Arc<Api>>) -> Response {
-    local(off_runtime(&api, |h| h.board()).await)
+    local(&api, |h| h.board()).await
 }
 
 async fn local_rubrics(State(api): State<Arc<Api>>) -> Response {
-    local(off_runtime(&api, |h| h.rubrics()).await)
+    local(&api, |h| h.rubrics()).await
 }
 
 async fn local_voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     match id_from(&uri, "voter id") {
-        Ok(id) => local(off_runtime(&api, move |h| h.voter(&id)).await),
+        Ok(id) => local(&api, move |h| h.voter(&id)).await,
         Err(m) => bad_request(m),
     }
 }
 
 async fn local_voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     match params_from(&uri, &["voter_prompt_id"]).map(|mut p| p.remove("voter_prompt_id")) {
-        Ok(Some(r)) => local(off_runtime(&api, move |h| h.voters_of(&r)).await),
+        Ok(Some(r)) => local(&api, move |h| h.voters_of(&r)).await,
         Ok(None) => bad_request("voter_prompt_id is required".into()),
         Err(m) => bad_request(m),
     }
@@ -322,12 +334,20 @@ async fn http_get(
     Ok((status, body))
 }
 
-async fn fetch<T: DeserializeOwned>(api: &Api, url: &str) -> Result<LocalAnswer<T>, String> {
+async fn fetch<T: DeserializeOwned + Send + 'static>(
+    api: &Api,
+    url: &str,
+) -> Result<LocalAnswer<T>, String> {
     let (status, body) = http_get(&api.client, url, api.token.as_deref()).await?;
     if !status.is_success() {
         return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
     }
-    serde_json::from_slice(&body).map_err(|e| format!("unreadable answer: {e}"))
+    // Decoded off the runtime (a peer's voters list can be megabytes).
+    tokio::task::spawn_blocking(move || {
+        serde_json::from_slice(&body).map_err(|e| format!("unreadable answer: {e}"))
+    })
+    .await
+    .map_err(|e| format!("decoding the answer failed: {e}"))?
 }
 
 fn unavailable(why: impl std::fmt::Display, peer_errors: &[String]) -> Response {
@@ -354,14 +374,15 @@ async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     };
     let path = format!("/v1/local/inferences/{}", percent_encode(&id));
     let (answers, errors) = gather(&api, own, path).await;
-    match merge_inference(&id, answers) {
+    settle(&api, move || match merge_inference(&id, answers) {
         Ok(Some(out)) => Json(out).into_response(),
         Ok(None) => error(
             StatusCode::NOT_FOUND,
             format!("no series of inference {id:?}"),
         ),
         Err(why) => unavailable(why, &errors),
-    }
+    })
+    .await
 }
 
 async fn leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
@@ -374,10 +395,13 @@ async fn leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Err(r) => return r,
     };
     let (answers, errors) = gather(&api, own, "/v1/local/leaderboard".into()).await;
-    match merge_board(answers, rubric.as_deref()) {
-        Ok(out) => Json(out).into_response(),
-        Err(why) => unavailable(why, &errors),
-    }
+    settle(&api, move || {
+        match merge_board(answers, rubric.as_deref()) {
+            Ok(out) => Json(out).into_response(),
+            Err(why) => unavailable(why, &errors),
+        }
+    })
+    .await
 }
 
 async fn rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
@@ -389,10 +413,11 @@ async fn rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Err(r) => return r,
     };
     let (answers, errors) = gather(&api, own, "/v1/local/rubrics".into()).await;
-    match merge_rubrics(answers) {
+    settle(&api, move || match merge_rubrics(answers) {
         Ok(out) => Json(out).into_response(),
         Err(why) => unavailable(why, &errors),
-    }
+    })
+    .await
 }
 
 async fn voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
@@ -407,14 +432,15 @@ async fn voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     };
     let path = format!("/v1/local/voters/{}", percent_encode(&id));
     let (answers, errors) = gather(&api, own, path).await;
-    match merge_voters(answers, VoterOrder::VoterId, usize::MAX) {
+    settle(&api, move || match merge_voters(answers, VoterOrder::VoterId, usize::MAX) {
         Ok(out) if out.voters.is_empty() => error(
             StatusCode::NOT_FOUND,
             format!("no rated votes of voter {id:?} (a vote counts once its batch closes with another vote)"),
         ),
         Ok(out) => Json(out).into_response(),
         Err(why) => unavailable(why, &errors),
-    }
+    })
+    .await
 }
 
 async fn voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
@@ -432,10 +458,11 @@ async fn voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         percent_encode(&rubric)
     );
     let (answers, errors) = gather(&api, own, path).await;
-    match merge_voters(answers, order, limit) {
+    settle(&api, move || match merge_voters(answers, order, limit) {
         Ok(out) => Json(out).into_response(),
         Err(why) => unavailable(why, &errors),
-    }
+    })
+    .await
 }
 
 /// `jurystream query`: one GET, the answer pretty-printed on stdout; an
