@@ -81,19 +81,24 @@ fn kill_once_committed(setup: &Setup, group: &str, at: i64, svc: &mut Service, t
 }
 
 fn high_watermarks(setup: &Setup) -> HashMap<i32, i64> {
+    high_watermarks_of(&setup.bootstrap, &setup.input_topic)
+}
+
+/// High watermark per partition of `topic`.
+fn high_watermarks_of(bootstrap: &str, topic: &str) -> HashMap<i32, i64> {
     let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &setup.bootstrap)
+        .set("bootstrap.servers", bootstrap)
         .create()
         .unwrap();
     let md = c
-        .fetch_metadata(Some(&setup.input_topic), Duration::from_secs(10))
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
         .unwrap();
     md.topics()[0]
         .partitions()
         .iter()
         .map(|p| {
             let (_, high) = c
-                .fetch_watermarks(&setup.input_topic, p.id(), Duration::from_secs(10))
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
                 .unwrap();
             (p.id(), high)
         })
@@ -1186,4 +1191,170 @@ fn rebalance_storm(mode: &str) {
         assert_same_events(&setup, &expected);
         assert_every_event_has_a_unique_origin(&setup);
     }
+}
+
+/// A rebalance while a restore reads a long changelog (≥ 300 000 records):
+/// the revoke does not wait for the restore (its thread stops at its next
+/// check, within a second, and holds its directories until then), so the
+/// member hands its partitions over at once, the group settles, each
+/// partition is restored again by its new owner, and the output is exact.
+#[test]
+fn a_revoke_during_a_long_restore_hands_over_at_once() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "revokerestore", 2, "exactly_once_outbox", NO_CACHE);
+    let input = setup.dir.path().join("votes.jsonl");
+    generate_votes(&input, 120_000, 31);
+    let expected = replay(&setup.config, &input);
+    let n = std::fs::read_to_string(&input).unwrap().lines().count();
+    let first = setup.dir.path().join("first.jsonl");
+    let second = setup.dir.path().join("second.jsonl");
+    slice_file(&input, &first, 0, n - 2_000);
+    slice_file(&input, &second, n - 2_000, n);
+    let produced = setup.produce(&first) as i64;
+    let mut a = instance(&setup, "a", "a", "127.0.0.1:0", Some("3600"));
+    wait_committed(
+        &setup,
+        "revokerestore-group",
+        produced,
+        "A to commit the history",
+    );
+    assert!(
+        a.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        a.log_text()
+    );
+    setup.publish(&second);
+    // B, on an empty disk, restores the whole changelog; C joins while it does.
+    let b = instance(&setup, "b", "b", "127.0.0.1:0", Some("3600"));
+    wait_for(
+        "B restoring both partitions",
+        Duration::from_secs(120),
+        || (b.held_partitions().len() == 2 && b.ready_partitions().is_empty()).then_some(()),
+    );
+    let c = instance(&setup, "c", "c", "127.0.0.1:0", Some("3600"));
+    wait_for("C to hold a partition", Duration::from_secs(120), || {
+        (!c.held_partitions().is_empty()).then_some(())
+    });
+    wait_settled(&[&b, &c], 2);
+    let b_log = b.log_text();
+    assert!(!b_log.contains("partitions lost"), "{b_log}");
+    // B's revoke: within a second, far inside its deadline (4 s).
+    let handed = last_logged(&b_log, "partitions handed over", "elapsed_ms")
+        .unwrap_or_else(|| panic!("B handed nothing over:\n{b_log}"));
+    assert!(handed < 1_000, "the revoke took {handed} ms:\n{b_log}");
+    // The restore was interrupted (B was still reading when C joined: the
+    // whole changelog holds ≥ 300 000 records, from the restores' counts).
+    let restored: u64 = [&b, &c]
+        .iter()
+        .flat_map(|s| {
+            s.log_text()
+                .lines()
+                .filter(|l| l.contains("partition state restored"))
+                .filter_map(|l| {
+                    l.split("changelog_records=")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .collect::<Vec<_>>()
+        })
+        .max()
+        .unwrap_or(0);
+    let total: u64 = high_watermarks_of(
+        &setup.bootstrap,
+        "revokerestore-group-changelog.revokerestore-votes",
+    )
+    .values()
+    .sum::<i64>() as u64;
+    assert!(
+        total >= 300_000,
+        "the changelog holds {total} records: make the history larger"
+    );
+    eprintln!(
+        "changelog {total} records; B handed over in {handed} ms; largest restore {restored}"
+    );
+    stop_one_at_a_time(vec![b, c], 2);
+    let d = instance_owning_every_partition(&setup, 2);
+    wait_for_events(&setup, &expected, Duration::from_secs(300), &d);
+    assert_same_events(&setup, &expected);
+}
+
+/// Outbox mode: a cycle in doubt whose marker has no floor for an output
+/// partition (the instance's first write there: its producer had no
+/// acknowledgement from it when it sealed the cycle) makes its new owner
+/// read that partition from the beginning. Here the one rejected vote is
+/// the last record, so the killed instance's last cycle is its first DLQ
+/// write, and the DLQ holds 400 000 records before it: a read longer than
+/// `max.poll.interval.ms` (6 s). That read runs on the restore thread, so
+/// the member stays in the group, and the output is exact.
+#[test]
+fn a_reconcile_reading_a_long_output_tail_keeps_the_member_in_the_group() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "longtail", 1, "exactly_once_outbox", NO_CACHE);
+    let input = setup.dir.path().join("votes.jsonl");
+    generate_votes(&input, 20_000, 37);
+    let mut text = std::fs::read_to_string(&input).unwrap();
+    text.push_str("{not json\n");
+    std::fs::write(&input, text).unwrap();
+    let expected = replay(&setup.config, &input);
+    // Records in the DLQ before the service runs: not events of its, and
+    // read by the check of the cycle in doubt.
+    create_topic(&setup.bootstrap, &setup.dlq, 1);
+    let foreign = setup.dir.path().join("foreign.jsonl");
+    let lines: String = (0..400_000)
+        .map(|i| format!("{{\"foreign\":{i}}}\n"))
+        .collect();
+    std::fs::write(&foreign, lines).unwrap();
+    let n =
+        jurystream::service::produce::produce(&foreign, &setup.dlq, &setup.bootstrap, &[]).unwrap();
+    assert_eq!(n, 400_000);
+    let produced = setup.produce(&input) as i64;
+    let mut a = instance(&setup, "a", "a", "127.0.0.1:0", Some("3600"));
+    wait_committed(&setup, "longtail-group", produced, "A to commit everything");
+    // A's last cycle (the rejection's) is committed and not marked delivered.
+    a.kill9();
+    let b = instance(&setup, "b", "a", "127.0.0.1:0", Some("3600"));
+    wait_for("B ready", Duration::from_secs(600), || {
+        b.is_ready().then_some(())
+    });
+    let log = b.log_text();
+    let checked = last_logged(&log, "checked the outputs for the last cycle", "elapsed_ms")
+        .unwrap_or_else(|| panic!("B checked no cycle in doubt:\n{log}"));
+    eprintln!("B read the outputs for {checked} ms");
+    assert!(
+        checked > 6_000,
+        "the output read took {checked} ms, not longer than max.poll.interval.ms: make the DLQ longer\n{log}"
+    );
+    for bad in ["partitions lost", "partition revoked", "max.poll"] {
+        assert!(!log.contains(bad), "{bad}:\n{log}");
+    }
+    // Close the last windows (idle flush), then the outputs: the replay's
+    // events once each, besides the foreign records.
+    drop(b);
+    let d = instance_owning_every_partition(&setup, 1);
+    let ours = || -> Vec<serde_json::Value> {
+        read_committed(&setup.bootstrap, &setup.output_topics())
+            .into_iter()
+            .map(|e| e.4)
+            .filter(|v| v.get("foreign").is_none())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while ours().len() < expected.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let diff = differences(&expected, &ours());
+    assert!(
+        diff.is_empty(),
+        "outputs differ from replay: {diff}\n{}",
+        log_tail(&d)
+    );
 }

@@ -46,6 +46,8 @@ impl Rebalance for Session {
             }
         }
         self.release(revoked, until);
+        tracing::info!(partitions = ?revoked, lost, elapsed_ms = started.elapsed().as_millis() as u64,
+            deadline_ms = limit.as_millis() as u64, "partitions handed over");
     }
 
     fn assign(&mut self, consumer: &Consumer, tps: Vec<Tp>) {

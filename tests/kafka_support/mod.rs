@@ -539,6 +539,15 @@ impl Service {
     /// The input partitions (numbers) this instance holds restored and
     /// consuming, from `jurystream_partition_ready` on /metrics.
     pub fn ready_partitions(&self) -> std::collections::BTreeSet<i32> {
+        self.partitions(true)
+    }
+
+    /// The input partitions this instance holds, ready or being restored.
+    pub fn held_partitions(&self) -> std::collections::BTreeSet<i32> {
+        self.partitions(false)
+    }
+
+    fn partitions(&self, ready_only: bool) -> std::collections::BTreeSet<i32> {
         let Some((200, text)) = self.get("/metrics") else {
             return Default::default();
         };
@@ -546,7 +555,7 @@ impl Service {
             .filter_map(|l| l.strip_prefix("jurystream_partition_ready{partition=\""))
             .filter_map(|l| {
                 let (name, value) = l.split_once("\"} ")?;
-                (value.trim() == "1").then_some(())?;
+                (!ready_only || value.trim() == "1").then_some(())?;
                 name.rsplit_once('-')?.1.parse().ok()
             })
             .collect()
