@@ -33,7 +33,8 @@ SCHEMATHESIS_VERSION=4.32.5
 CACHE_ROOT="${JURYSTREAM_SCHEMATHESIS_CACHE:-$HOME/.cache/jurystream-schemathesis}"
 VENV="$CACHE_ROOT/schemathesis-$SCHEMATHESIS_VERSION"
 BIN="$VENV/bin/schemathesis"
-REQUIREMENTS="$(cd "$(dirname "$0")" && pwd)/schemathesis-requirements.txt"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REQUIREMENTS="$HERE/schemathesis-requirements.txt"
 
 installed() {
     [ -f "$VENV/.complete" ] && [ -x "$BIN" ] \
@@ -83,6 +84,8 @@ run)
     report="$(cd "$report" && pwd)"
     cd "$report"
     echo "schemathesis: report and cache in $report" >&2
+    # NDJSON bodies (scripts/schemathesis_hooks.py).
+    export SCHEMATHESIS_HOOKS="${SCHEMATHESIS_HOOKS:-$HERE/schemathesis_hooks.py}"
     set +e
     # A run takes 10 to 40 s here; the timeout only stops one that hangs.
     timeout "${SCHEMATHESIS_TIMEOUT:-300}" "$BIN" run "$schema" \
