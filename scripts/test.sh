@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what it needs (Debian
-# packages, the tansu test broker, Label Studio for the `connect` test),
-# builds, runs the unit, golden, property and real-broker integration tests,
+# packages, the tansu test broker, Label Studio for the `connect` test,
+# schemathesis), builds, runs the unit, golden, property and real-broker
+# integration tests (the OpenAPI documents checked by schemathesis among them),
 # then the shared conformance kit.
 #   scripts/test.sh
 set -euo pipefail
@@ -12,6 +13,9 @@ scripts/install-deps.sh
 scripts/broker.sh install
 # Label Studio 1.23.2 in a venv (~80 s once): tests/label_studio.rs.
 scripts/label-studio.sh install
+# schemathesis (pinned, in a venv): the OpenAPI checks of tests/query_api.rs
+# and tests/connect.rs.
+scripts/schemathesis.sh install
 # The broker tests use $TANSU (tests/kafka_support/mod.rs, fn tansu): the
 # binary scripts/broker.sh would start, unless the caller names one.
 if [ -n "${TANSU:-}" ]; then

@@ -125,8 +125,17 @@ pub fn routes(api: Arc<Api>) -> Router {
         .route("/v1/local/rubrics", get(local_rubrics))
         .route("/v1/local/voters", get(local_voters))
         .route("/v1/local/voters/{id}", get(local_voter))
+        .route("/v1/openapi.json", get(openapi))
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), auth))
         .with_state(api)
+}
+
+/// This API as an OpenAPI 3 document (`src/api/openapi.json`; checked
+/// against a running instance by schemathesis, tests/query_api.rs).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 async fn auth(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response {
@@ -250,21 +259,33 @@ async fn settle(api: &Arc<Api>, answer: impl FnOnce() -> Response + Send + 'stat
 }
 
 async fn local_inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    if let Err(m) = params_from(&uri, &[]) {
+        return bad_request(m);
+    }
     match id_from(&uri, "inference id") {
         Ok(id) => local(&api, move |h| h.inference(&id)).await,
         Err(m) => bad_request(m),
     }
 }
 
-async fn local_leaderboard(State(api): State<Arc<Api>>) -> Response {
+async fn local_leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    if let Err(m) = params_from(&uri, &[]) {
+        return bad_request(m);
+    }
     local(&api, |h| h.board()).await
 }
 
-async fn local_rubrics(State(api): State<Arc<Api>>) -> Response {
+async fn local_rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    if let Err(m) = params_from(&uri, &[]) {
+        return bad_request(m);
+    }
     local(&api, |h| h.rubrics()).await
 }
 
 async fn local_voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    if let Err(m) = params_from(&uri, &[]) {
+        return bad_request(m);
+    }
     match id_from(&uri, "voter id") {
         Ok(id) => local(&api, move |h| h.voter(&id)).await,
         Err(m) => bad_request(m),
@@ -363,6 +384,9 @@ fn unavailable(why: impl std::fmt::Display, peer_errors: &[String]) -> Response 
 }
 
 async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    if let Err(m) = params_from(&uri, &[]) {
+        return bad_request(m);
+    }
     let id = match id_from(&uri, "inference id") {
         Ok(id) => id,
         Err(m) => return bad_request(m),
@@ -421,6 +445,9 @@ async fn rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
 }
 
 async fn voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
+    if let Err(m) = params_from(&uri, &[]) {
+        return bad_request(m);
+    }
     let id = match id_from(&uri, "voter id") {
         Ok(id) => id,
         Err(m) => return bad_request(m),

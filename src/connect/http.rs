@@ -41,8 +41,17 @@ pub fn routes(intake: Arc<Intake>) -> Router {
     Router::new()
         .route("/v1/votes", post(votes))
         .route("/hooks/label-studio", post(label_studio))
+        .route("/v1/openapi.json", axum::routing::get(openapi))
         .route_layer(axum::middleware::from_fn_with_state(intake.clone(), auth))
         .with_state(intake)
+}
+
+/// These routes as an OpenAPI 3 document (`src/connect/openapi.json`;
+/// checked against a running instance by schemathesis, tests/connect.rs).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {

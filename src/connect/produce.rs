@@ -34,6 +34,14 @@ impl Producer {
             .set("acks", "all")
             .set("linger.ms", "2")
             .set("message.timeout.ms", timeout.as_millis().to_string());
+        // A vote may be `input.max_message_bytes` long (1 MiB by default),
+        // above librdkafka's default message limit (1 000 000 bytes), which
+        // failed such a vote on every retry: the client's limit follows,
+        // with room for the key, unless kafka.properties sets it.
+        if crate::service::property(cfg, "message.max.bytes").is_none() {
+            let limit = (cfg.input.max_message_bytes as u64 + 64 * 1024).max(1_000_000);
+            c.set("message.max.bytes", limit.to_string());
+        }
         let inner: FutureProducer = c
             .create()
             .map_err(|e| ConnectError::config(format!("cannot create the Kafka producer: {e}")))?;

@@ -31,6 +31,6 @@ mod session;
 mod topics;
 
 pub use changelog::{CycleMarker, CYCLE_KEY};
-pub use client::{client_config, send_waiting, Names, ORIGIN_HEADER};
+pub use client::{client_config, property, send_waiting, Names, ORIGIN_HEADER};
 pub use error::{Fault, ServiceError};
 pub use run::run;

@@ -108,6 +108,9 @@ pub fn router(state: AppState, extra: Router, limits: Limits) -> Router {
         .with_state(state)
         .merge(extra)
         .fallback(not_found)
+        // The configured limit, not axum's own 2 MiB default for a body
+        // read whole (`Bytes`, `Json`), which would apply on top of it.
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(limits.body_bytes))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -388,6 +391,11 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for HeadGuard<S> {
             // The guard answered; hyper's own answer is dropped.
             return std::task::Poll::Ready(Ok(data.len()));
         }
+        // An interim answer (`100 Continue`) comes before the request's
+        // body, which is not a head.
+        if data.starts_with(b"HTTP/1.1 1") || data.starts_with(b"HTTP/1.0 1") {
+            return std::pin::Pin::new(&mut this.inner).poll_write(cx, data);
+        }
         // An answer: the next bytes read start a new head.
         this.in_head = true;
         this.head_bytes = 0;
@@ -512,6 +520,49 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("jurystream_build_info{version="), "{text}");
+    }
+
+    /// A body larger than a head's limit after `Expect: 100-continue` (curl
+    /// sends it for bodies over 1 MiB) is a body, not a second head; and a
+    /// body over axum's own 2 MiB default but within the configured limit
+    /// is read.
+    #[test]
+    fn a_large_body_after_100_continue_is_read_whole() {
+        async fn length(body: axum::body::Bytes) -> String {
+            body.len().to_string()
+        }
+        let limits = Limits {
+            body_bytes: 8 << 20,
+            ..Limits::default()
+        };
+        let addr = serve_with(
+            "127.0.0.1:0".parse().unwrap(),
+            Metrics::new(10),
+            Router::new().route("/echo", axum::routing::post(length)),
+            limits,
+        )
+        .unwrap();
+        for size in [MAX_HEADER_BYTES + 1024, 3 << 20] {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            write!(
+                s,
+                "POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {size}\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut interim = [0u8; 25];
+            s.read_exact(&mut interim).unwrap();
+            assert!(
+                interim.starts_with(b"HTTP/1.1 100 Continue"),
+                "{:?}",
+                String::from_utf8_lossy(&interim)
+            );
+            s.write_all(&vec![b'a'; size]).unwrap();
+            let mut text = String::new();
+            s.read_to_string(&mut text).unwrap();
+            assert!(text.starts_with("HTTP/1.1 200 "), "{size}: {text}");
+            assert!(text.ends_with(&size.to_string()), "{size}: {text}");
+        }
     }
 
     #[test]

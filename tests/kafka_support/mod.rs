@@ -1087,3 +1087,35 @@ pub fn agreement_of(config: &Path, input: &Path) -> Value {
     );
     serde_json::from_slice(&out).unwrap()
 }
+
+/// Runs `scripts/schemathesis.sh run SCHEMA BASE EXTRA…` (it installs its
+/// pinned schemathesis on first use; scripts/test.sh installs it up
+/// front) and fails the test on any finding: a 5xx, an undocumented
+/// status, a body, header or content type not as the schema says.
+pub fn schemathesis(schema: &str, base: &str, extra: &[&str]) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("bash")
+        .arg(root.join("scripts/schemathesis.sh"))
+        .args(["run", schema, base])
+        .args(extra)
+        .env("SCHEMATHESIS_MAX_EXAMPLES", "30")
+        .output()
+        .expect("run scripts/schemathesis.sh");
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "schemathesis found problems:\n{text}");
+    eprintln!(
+        "{}",
+        text.lines()
+            .rev()
+            .take(12)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
