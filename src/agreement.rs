@@ -6,12 +6,15 @@
 //! update with ≥ 2 counted votes is a unit, folded into a [`Tally`] with
 //! the same arithmetic the service keeps in its state
 //! (`engine::agreement::unit`), so the numbers equal `GET /v1/rubrics`.
+//!
+//! Errors: [`ReplayError`], `replay`'s own. Everything `agreement` can
+//! fail at is a replay's (opening and reading its input, the temporary
+//! store, its threads); the tally itself cannot fail.
 
 use std::collections::BTreeMap;
 use std::io::BufReader;
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
@@ -19,7 +22,10 @@ use crate::engine::agreement::{unit, values, ReviewerStats, RubricSums};
 pub use crate::engine::agreement::{RubricRow, VoterRow};
 use crate::engine::ScoreUpdate;
 use crate::input::Rejection;
-use crate::replay::{read_chunks, run_detached, Chunk, Progress, Sink};
+use crate::replay::{
+    join_thread, open_input, run_detached, spawn_reader, Chunk, Progress, ReplayError, Sink,
+    INPUT_READER,
+};
 
 /// What `agreement --format json` prints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,9 +93,11 @@ impl Sink for Tally {
 }
 
 /// Replays `input` and returns its tally, with progress on stderr.
-pub fn tally_file(cfg: &Config, input: &Path) -> Result<(Tally, crate::replay::ReplaySummary)> {
-    let file = std::fs::File::open(input)
-        .with_context(|| format!("cannot open input {}", input.display()))?;
+pub fn tally_file(
+    cfg: &Config,
+    input: &Path,
+) -> Result<(Tally, crate::replay::ReplaySummary), ReplayError> {
+    let file = open_input(input)?;
     let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
     let decode = cfg.decode_options();
     let mut progress = Progress::new("agreement", total_bytes);
@@ -97,7 +105,7 @@ pub fn tally_file(cfg: &Config, input: &Path) -> Result<(Tally, crate::replay::R
     let summary = std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
         let decode = &decode;
-        scope.spawn(move || read_chunks(BufReader::with_capacity(1 << 20, file), decode, tx));
+        let reader = spawn_reader(scope, BufReader::with_capacity(1 << 20, file), decode, tx)?;
         let mut votes = 0u64;
         let chunks = rx.into_iter().inspect(|c| {
             if let Ok(c) = c {
@@ -105,8 +113,11 @@ pub fn tally_file(cfg: &Config, input: &Path) -> Result<(Tally, crate::replay::R
                 progress.update(c.lines.last().map_or(0, |l| l.2), c.bytes, votes);
             }
         });
-        run_detached(cfg, cfg.cache_bytes(), chunks, &mut tally)
-    })?;
+        let result = run_detached(cfg, cfg.cache_bytes(), chunks, &mut tally);
+        join_thread(INPUT_READER, reader)?;
+        result
+    })
+    .map_err(|e| e.at_input(input))?;
     progress.finish();
     Ok((tally, summary))
 }
@@ -174,4 +185,40 @@ pub fn table(t: &Tally) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::Fault;
+
+    #[test]
+    fn a_missing_input_is_the_users_fault_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("missing.jsonl");
+        let cfg = Config::from_layers(None, &[]).unwrap();
+        let err = tally_file(&cfg, &input).unwrap_err();
+        assert!(matches!(err, ReplayError::OpenInput { .. }), "{err:?}");
+        assert_eq!(err.fault(), Fault::Input);
+        assert!(!err.is_retriable());
+        assert_eq!(
+            err.to_string(),
+            format!("cannot open input {}", input.display())
+        );
+    }
+
+    #[test]
+    fn a_read_error_names_the_input() {
+        // A directory opens but cannot be read as a file.
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::from_layers(None, &[]).unwrap();
+        let err = tally_file(&cfg, dir.path()).unwrap_err();
+        assert!(matches!(err, ReplayError::ReadInput { .. }), "{err:?}");
+        assert_eq!(err.fault(), Fault::Input);
+        assert!(!err.is_retriable(), "a directory stays one");
+        assert!(
+            err.to_string().contains(&dir.path().display().to_string()),
+            "{err}"
+        );
+    }
 }

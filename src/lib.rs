@@ -11,6 +11,7 @@ pub mod backtest;
 pub mod config;
 pub mod connect;
 pub mod engine;
+pub mod error;
 pub mod input;
 pub mod inspect;
 pub mod output;

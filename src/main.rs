@@ -520,11 +520,8 @@ fn backtest(a: BacktestArgs) -> Outcome {
     let opts = raw.resolve(&cfg).map_err(usage)?;
     backtest::grid(&cfg, &opts).map_err(usage)?;
     match backtest::run_and_print(&cfg, &opts, a.format == Format::Json) {
-        Err(e) => match e.downcast::<backtest::UsageError>() {
-            Ok(u) => Err(usage(u)),
-            Err(e) => Err(Failure::Failed(e)),
-        },
-        Ok(()) => Ok(()),
+        Err(backtest::BacktestError::Usage(u)) => Err(usage(u)),
+        r => Ok(r?),
     }
 }
 

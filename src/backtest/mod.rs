@@ -15,6 +15,7 @@
 //!   trajectories need a second pass over the file for two points (the
 //!   best and the configuration's), recording only the most-voted series.
 
+mod error;
 pub mod judge;
 pub mod report;
 
@@ -22,13 +23,16 @@ use std::io::BufReader;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use anyhow::{Context, Result};
+pub use error::{BacktestError, Fault};
 
 use crate::config::Config;
 use crate::engine::score::TimeUnit;
 use crate::engine::{Decay, Engine, ScoreUpdate, SeriesKey};
 use crate::input::Rejection;
-use crate::replay::{read_chunks, run_detached, Chunk, Progress, Sink};
+use crate::replay::{
+    join_thread, open_input, run_detached, spawn_reader, Chunk, Progress, ReplayError, Sink,
+    INPUT_READER,
+};
 use crate::time::{Nanos, NANOS_PER_SEC};
 use judge::{Judge, Outcome, Point, TooManySteps};
 
@@ -36,6 +40,8 @@ use judge::{Judge, Outcome, Point, TooManySteps};
 pub const DEFAULT_THRESHOLDS: [f64; 9] = [0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2];
 pub const DEFAULT_REVIEW_BUDGET: f64 = 0.05;
 pub const DEFAULT_STEP_NS: Nanos = 86_400 * NANOS_PER_SEC;
+
+type Result<T, E = BacktestError> = std::result::Result<T, E>;
 
 /// A command-line value that cannot be used: the message names the flag
 /// (exit status 2).
@@ -263,8 +269,7 @@ fn run_points(
     points: Vec<(Config, Vec<Judge>)>,
     what: &'static str,
 ) -> Result<(Vec<Judge>, u64, u64, u64)> {
-    let file = std::fs::File::open(&opts.input)
-        .with_context(|| format!("cannot open input {}", opts.input.display()))?;
+    let file = open_input(&opts.input)?;
     let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
     let decode = cfg.decode_options();
     let budget = cfg.cache_bytes() / points.len().max(1);
@@ -272,14 +277,15 @@ fn run_points(
     std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
         let decode = &decode;
-        scope.spawn(move || read_chunks(BufReader::with_capacity(1 << 20, file), decode, tx));
+        let reader = spawn_reader(scope, BufReader::with_capacity(1 << 20, file), decode, tx)?;
         let mut senders = Vec::new();
         let mut handles = Vec::new();
         for (i, (c, judges)) in points.into_iter().enumerate() {
             let (ptx, prx) = std::sync::mpsc::sync_channel::<Arc<Chunk>>(4);
             senders.push(ptx);
+            let thread = format!("backtest-{i}");
             let h = std::thread::Builder::new()
-                .name(format!("backtest-{i}"))
+                .name(thread.clone())
                 .spawn_scoped(scope, move || {
                     let mut sink = Judging {
                         judges,
@@ -287,16 +293,21 @@ fn run_points(
                     };
                     let r = run_detached(&c, budget, prx.into_iter().map(Ok), &mut sink);
                     match (r, sink.error) {
-                        (_, Some(TooManySteps)) => Err(anyhow::Error::new(UsageError(format!(
+                        (_, Some(TooManySteps)) => Err(BacktestError::Usage(UsageError(format!(
                             "--step: more than {} steps of event time; choose a longer step",
                             judge::MAX_STEPS
                         )))),
-                        (Err(e), None) => Err(e),
+                        (Err(e), None) => Err(BacktestError::Replay(e.at_input(&opts.input))),
                         (Ok(s), None) => Ok((sink.judges, s)),
                     }
-                })
-                .expect("spawn a backtest thread");
-            handles.push(h);
+                });
+            // The threads started so far stop when their senders are
+            // dropped (on this return), and the scope waits for them.
+            let h = h.map_err(|source| BacktestError::Spawn {
+                thread: thread.clone(),
+                source,
+            })?;
+            handles.push((thread, h));
         }
         let mut votes = 0u64;
         let mut read_error = None;
@@ -320,18 +331,26 @@ fn run_points(
         }
         drop(senders);
         progress.finish();
+        // Its chunks ended early if it panicked (the points' results are
+        // then partial).
+        join_thread(INPUT_READER, reader)?;
         let mut judges = Vec::new();
         let (mut lines, mut rejected) = (0, 0);
-        for h in handles {
-            let (j, s) = h
-                .join()
-                .map_err(|_| anyhow::anyhow!("a backtest thread panicked"))??;
+        for (thread, h) in handles {
+            let (j, s) = h.join().map_err(|panic| BacktestError::Panicked {
+                thread,
+                message: crate::error::panic_message(&*panic),
+            })??;
             judges.extend(j);
             lines = s.lines;
             rejected = s.rejected;
         }
-        if let Some(e) = read_error {
-            return Err(anyhow::Error::new(e).context("cannot read input"));
+        if let Some(source) = read_error {
+            return Err(ReplayError::ReadInput {
+                path: Some(opts.input.clone()),
+                source,
+            }
+            .into());
         }
         Ok((judges, lines, rejected, votes))
     })
@@ -404,7 +423,7 @@ pub fn trajectories(
     for p in [best_point, configured] {
         let c = cfg
             .with_decay_and_window(p.lambda, p.time_unit, p.window_seconds)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+            .map_err(BacktestError::Config)?;
         let mut j = Judge::new(&[], min_votes, opts.step_ns);
         j.record = series.clone();
         runs.push((c, vec![j]));
@@ -438,7 +457,8 @@ pub fn run_and_print(cfg: &Config, opts: &Options, json: bool) -> Result<()> {
         results.points.len()
     );
     if json {
-        println!("{}", serde_json::to_string_pretty(&results.outcome)?);
+        let text = serde_json::to_string_pretty(&results.outcome).map_err(BacktestError::Json)?;
+        println!("{text}");
     } else {
         print!("{}", judge::table(&results.outcome, opts.review_budget));
     }

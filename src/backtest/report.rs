@@ -5,12 +5,12 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use anyhow::{Context, Result};
 use plotters::coord::Shift;
+use plotters::drawing::DrawingAreaErrorKind;
 use plotters::prelude::*;
 
 use super::judge::{Point, Trajectory, VARIANCE_BINS, VARIANCE_MAX};
-use super::{Options, Results};
+use super::{BacktestError, Options, Results};
 use crate::config::Config;
 use crate::engine::SeriesKey;
 use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
@@ -38,14 +38,28 @@ pub struct Trajectories {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
-/// One chart as an SVG string.
-fn svg(size: (u32, u32), draw: impl FnOnce(&Area<'_>) -> Result<()>) -> Result<String> {
+type Result<T, E = BacktestError> = std::result::Result<T, E>;
+
+/// What drawing on an [`Area`] returns.
+type Drawn = Result<(), DrawingAreaErrorKind<std::io::Error>>;
+
+/// One chart (`chart`: its id, for errors) as an SVG string.
+fn svg(
+    chart: &'static str,
+    size: (u32, u32),
+    draw: impl FnOnce(&Area<'_>) -> Drawn,
+) -> Result<String> {
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
-        root.fill(&WHITE)?;
-        draw(&root)?;
-        root.present()?;
+        let drawn = root
+            .fill(&WHITE)
+            .and_then(|()| draw(&root))
+            .and_then(|()| root.present());
+        drawn.map_err(|e| BacktestError::Plot {
+            chart,
+            source: Box::new(e),
+        })?;
     }
     Ok(out)
 }
@@ -90,6 +104,7 @@ fn lambda_axis(lambdas: &[f64]) -> (fn(f64) -> f64, bool) {
 
 /// A metric against λ, one line per window.
 fn by_lambda(
+    chart: &'static str,
     results: &Results,
     title: &str,
     y_desc: &str,
@@ -125,7 +140,7 @@ fn by_lambda(
         .points
         .first()
         .map_or("seconds", |(p, _)| p.time_unit.as_str());
-    svg((W, H), |root| {
+    svg(chart, (W, H), |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, (FONT, 20))
             .margin(12)
@@ -169,14 +184,14 @@ fn by_lambda(
 /// flag rates.
 fn variance_histogram(results: &Results) -> Result<String> {
     let Some(best) = &results.outcome.best else {
-        return svg((W, H), |_| Ok(()));
+        return svg(CHARTS[2], (W, H), |_| Ok(()));
     };
     let Some((_, j)) = results
         .points
         .iter()
         .find(|(p, _)| p.window_seconds == best.window_seconds)
     else {
-        return svg((W, H), |_| Ok(()));
+        return svg(CHARTS[2], (W, H), |_| Ok(()));
     };
     let width = VARIANCE_MAX / VARIANCE_BINS as f64;
     let top = j.variances.iter().copied().max().unwrap_or(0).max(1) as f64 * 1.12;
@@ -191,7 +206,7 @@ fn variance_histogram(results: &Results) -> Result<String> {
         .map(|r| r.variance_threshold)
         .fold(VARIANCE_MAX, f64::max)
         * 1.02;
-    svg((W, H), |root| {
+    svg(CHARTS[2], (W, H), |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(
                 format!(
@@ -245,7 +260,7 @@ fn trajectories(t: &Trajectories) -> Result<String> {
     let cols = if n > 1 { 2 } else { 1 };
     let rows = n.div_ceil(cols);
     let size = (W, 300 * rows as u32);
-    svg(size, |root| {
+    svg(CHARTS[3], size, |root| {
         let cells = root.split_evenly((rows, cols));
         for ((key, best, conf), cell) in t.series.iter().zip(cells.iter()) {
             let secs = |at: Nanos| at as f64 / NANOS_PER_SEC as f64;
@@ -334,7 +349,7 @@ fn skill_by_step(results: &Results, step_ns: Nanos) -> Result<String> {
         lines.iter().flat_map(|l| l.1.iter().map(|p| p.1)),
         (0.0, 1.0),
     );
-    svg((W, H), |root| {
+    svg(CHARTS[4], (W, H), |root| {
         let mut chart = ChartBuilder::on(root)
             .caption("Skill per step of event time", (FONT, 20))
             .margin(12)
@@ -388,16 +403,20 @@ pub fn write(
     results: &Results,
     traj: Option<&Trajectories>,
 ) -> Result<()> {
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("--report: cannot create {}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|source| BacktestError::ReportDir {
+        path: dir.to_owned(),
+        source,
+    })?;
     let charts = [
         by_lambda(
+            CHARTS[0],
             results,
             "Skill against λ (higher is better)",
             "skill",
             |m| m.skill,
         )?,
         by_lambda(
+            CHARTS[1],
             results,
             "Log loss against λ (lower is better)",
             "log loss",
@@ -406,7 +425,7 @@ pub fn write(
         variance_histogram(results)?,
         match traj {
             Some(t) => trajectories(t)?,
-            None => svg((W, 120), |root| {
+            None => svg(CHARTS[3], (W, 120), |root| {
                 root.draw(&Text::new(
                     "no series was scored twice",
                     (20, 50),
@@ -491,5 +510,5 @@ figcaption {{ font-size: 13px; color: #555; margin-top: 4px; }}
     }
     html.push_str("</body></html>\n");
     let path = dir.join("index.html");
-    std::fs::write(&path, html).with_context(|| format!("cannot write {}", path.display()))
+    std::fs::write(&path, html).map_err(|source| BacktestError::ReportFile { path, source })
 }

@@ -5,8 +5,6 @@ use std::io::{BufReader, IsTerminal, Read, Write};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-
 use crate::config::Config;
 use crate::engine::{Engine, Outcome, ScoreUpdate};
 use crate::input::{DecodeOptions, Rejection};
@@ -14,11 +12,16 @@ use crate::state::Store;
 
 mod chunks;
 mod encode;
+mod error;
 mod shell;
 
-pub(crate) use chunks::{read_chunks, Chunk};
+use chunks::read_chunks;
+pub(crate) use chunks::Chunk;
 use encode::encode_events;
+pub use error::{Fault, ReplayError};
 use shell::{Shell, Workers};
+
+type Result<T, E = ReplayError> = std::result::Result<T, E>;
 
 /// Options of one replay run.
 pub struct ReplayOptions<'a> {
@@ -100,18 +103,19 @@ pub fn run(
     opts: &ReplayOptions<'_>,
     out: impl Write + Send,
 ) -> Result<ReplaySummary> {
-    let file = std::fs::File::open(opts.input)
-        .with_context(|| format!("cannot open input {}", opts.input.display()))?;
+    let file = open_input(opts.input)?;
     let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
     let tmp;
     let dir = match opts.state_dir {
         Some(d) => {
-            std::fs::create_dir_all(d)
-                .with_context(|| format!("cannot create state dir {}", d.display()))?;
+            std::fs::create_dir_all(d).map_err(|source| ReplayError::CreateStateDir {
+                path: d.to_owned(),
+                source,
+            })?;
             d.to_owned()
         }
         None => {
-            tmp = tempfile::tempdir().context("cannot create a temporary state directory")?;
+            tmp = error::temp_dir()?;
             tmp.path().to_owned()
         }
     };
@@ -140,7 +144,10 @@ pub fn run(
     std::thread::scope(|scope| {
         let (mut sink, batches) = encode::channel(opts.metrics.clone());
         let metrics = opts.metrics.clone();
-        let encoder = scope.spawn(move || encode_events(batches, out, metrics));
+        let encoder = std::thread::Builder::new()
+            .name("event-encoder".into())
+            .spawn_scoped(scope, move || encode_events(batches, out, metrics))
+            .map_err(ReplayError::spawn("event encoder"))?;
         let result = (|| -> Result<ReplaySummary> {
             let mut shell = Shell::new(&mut engine, &store, cfg.cache_bytes(), persist);
             let summary = process_lines(
@@ -149,7 +156,8 @@ pub fn run(
                 &mut shell,
                 &mut sink,
                 total_bytes,
-            )?;
+            )
+            .map_err(|e| e.at_input(opts.input))?;
             tracing::debug!(
                 load_ms = shell.load_time().as_millis() as u64,
                 wait_ms = shell.wait_time().as_millis() as u64,
@@ -159,7 +167,7 @@ pub fn run(
             let mut updates = Vec::new();
             if !opts.keep_open {
                 engine.close_all(&mut updates);
-                sink.updates(&mut updates)?;
+                sink.updates(&mut updates).map_err(to_output)?;
             }
             // Written in bounded batches whenever the cache fills, and the
             // rest at the end (a replay that fails is re-run from the start
@@ -171,22 +179,69 @@ pub fn run(
             if let Some(m) = &opts.metrics {
                 m.observe_engine("0", &engine);
             }
-            sink.send()?;
+            sink.send().map_err(to_output)?;
             Ok(summary)
         })();
         // Dropped on an error too, so that the encoder finishes.
         drop(sink);
-        let written = encoder
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let written = join_thread("event encoder", encoder)?;
         match (result, written) {
             // The engine loop's error is then most likely that the encoder
             // stopped: the write error is the cause.
-            (_, Err(e)) => Err(anyhow::Error::new(e).context("cannot write to stdout")),
+            (_, Err(source)) => Err(ReplayError::Write {
+                to: "stdout",
+                source,
+            }),
             (Err(e), Ok(_)) => Err(e),
             (Ok(summary), Ok(events)) => Ok(ReplaySummary { events, ..summary }),
         }
     })
+}
+
+/// Opens the input file.
+pub(crate) fn open_input(path: &Path) -> Result<std::fs::File> {
+    std::fs::File::open(path).map_err(|source| ReplayError::OpenInput {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// A sink's write error (the engine loop's output).
+fn to_output(source: std::io::Error) -> ReplayError {
+    ReplayError::Write {
+        to: "the output",
+        source,
+    }
+}
+
+/// Waits for a thread of a scope: its panic is an error (the scope would
+/// panic on it otherwise).
+pub(crate) fn join_thread<T>(
+    thread: &'static str,
+    handle: std::thread::ScopedJoinHandle<'_, T>,
+) -> Result<T> {
+    handle.join().map_err(|panic| ReplayError::Panicked {
+        thread,
+        message: crate::error::panic_message(&*panic),
+    })
+}
+
+/// The thread that reads and decodes the input ([`spawn_reader`]).
+pub(crate) const INPUT_READER: &str = "input reader";
+
+/// Starts [`read_chunks`] of `reader` on its own thread of `scope`. Once
+/// the receiver of `tx` is dropped, the thread stops at its next chunk;
+/// [`join_thread`] it then (if it panicked, the chunks just ended early).
+pub(crate) fn spawn_reader<'scope, R: Read + Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    reader: BufReader<R>,
+    decode: &'scope DecodeOptions,
+    tx: std::sync::mpsc::SyncSender<std::io::Result<Chunk>>,
+) -> Result<std::thread::ScopedJoinHandle<'scope, ()>> {
+    std::thread::Builder::new()
+        .name("input-reader".into())
+        .spawn_scoped(scope, move || read_chunks(reader, decode, tx))
+        .map_err(ReplayError::spawn(INPUT_READER))
 }
 
 /// Decodes `reader` on its own thread and runs it through the shell.
@@ -200,8 +255,10 @@ fn process_lines<R: Read + Send, K: Sink>(
     let mut progress = Progress::new("replay", total_bytes);
     let summary = std::thread::scope(|scope| {
         let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
-        scope.spawn(move || read_chunks(reader, decode, tx));
-        drive(rx.into_iter(), shell, sink, Some(&mut progress))
+        let reader = spawn_reader(scope, reader, decode, tx)?;
+        let result = drive(rx.into_iter(), shell, sink, Some(&mut progress));
+        join_thread(INPUT_READER, reader)?;
+        result
     })?;
     progress.finish();
     Ok(summary)
@@ -215,52 +272,66 @@ fn drive<C: Borrow<Chunk>, K: Sink>(
     chunks: impl Iterator<Item = std::io::Result<C>>,
     shell: &mut Shell<'_>,
     sink: &mut K,
-    mut progress: Option<&mut Progress>,
+    progress: Option<&mut Progress>,
 ) -> Result<ReplaySummary> {
     let mut summary = ReplaySummary::default();
-    let mut updates = Vec::new();
-    let mut wants = Vec::new();
     std::thread::scope(|scope| -> Result<()> {
-        let mut workers = Workers::start(scope, shell.store);
-        let mut chunks = chunks;
-        let mut next = chunks.next();
-        while let Some(chunk) = next {
-            let chunk = chunk.context("cannot read input")?;
-            let chunk: &Chunk = chunk.borrow();
-            shell.load(&mut workers, chunk, &mut wants)?;
-            next = chunks.next();
-            if let Some(Ok(following)) = &next {
-                shell.prefetch(&mut workers, following.borrow())?;
-            }
-            let engine = &mut *shell.engine;
-            let lines = chunk.lines.iter().zip(&chunk.decoded);
-            for ((&(a, b, line_no), decoded), &identity) in lines.zip(&chunk.identities) {
-                let line = &chunk.buf[a..b];
-                summary.lines = line_no;
-                match decoded {
-                    Err(r) => {
-                        summary.rejected += 1;
-                        sink.rejected(r, line, line_no)?;
-                    }
-                    Ok(vote) => match engine.process_with_identity(vote, identity, &mut updates) {
-                        Outcome::Accepted => sink.updates(&mut updates)?,
-                        Outcome::Duplicate => {}
-                        Outcome::Late(r) => {
-                            summary.rejected += 1;
-                            sink.rejected(&r, line, line_no)?;
-                        }
-                    },
-                }
-            }
-            if let Some(p) = progress.as_deref_mut() {
-                p.update(summary.lines, chunk.bytes, engine.counters.accepted);
-            }
-            sink.chunk_done(engine);
-            shell.make_room(&mut workers)?;
-        }
-        shell.finish_write(&mut workers, true).map(|_| ())
+        let mut workers = Workers::start(scope, shell.store)?;
+        let result = drive_chunks(chunks, shell, &mut workers, sink, progress, &mut summary);
+        // A worker that panicked is the cause of the error it made here.
+        workers.join()?;
+        result
     })?;
     Ok(summary)
+}
+
+/// [`drive`]'s loop, with the store's worker threads running.
+fn drive_chunks<C: Borrow<Chunk>, K: Sink>(
+    mut chunks: impl Iterator<Item = std::io::Result<C>>,
+    shell: &mut Shell<'_>,
+    workers: &mut Workers<'_>,
+    sink: &mut K,
+    mut progress: Option<&mut Progress>,
+    summary: &mut ReplaySummary,
+) -> Result<()> {
+    let mut updates = Vec::new();
+    let mut wants = Vec::new();
+    let mut next = chunks.next();
+    while let Some(chunk) = next {
+        let chunk = chunk.map_err(|source| ReplayError::ReadInput { path: None, source })?;
+        let chunk: &Chunk = chunk.borrow();
+        shell.load(workers, chunk, &mut wants)?;
+        next = chunks.next();
+        if let Some(Ok(following)) = &next {
+            shell.prefetch(workers, following.borrow())?;
+        }
+        let engine = &mut *shell.engine;
+        let lines = chunk.lines.iter().zip(&chunk.decoded);
+        for ((&(a, b, line_no), decoded), &identity) in lines.zip(&chunk.identities) {
+            let line = &chunk.buf[a..b];
+            summary.lines = line_no;
+            match decoded {
+                Err(r) => {
+                    summary.rejected += 1;
+                    sink.rejected(r, line, line_no).map_err(to_output)?;
+                }
+                Ok(vote) => match engine.process_with_identity(vote, identity, &mut updates) {
+                    Outcome::Accepted => sink.updates(&mut updates).map_err(to_output)?,
+                    Outcome::Duplicate => {}
+                    Outcome::Late(r) => {
+                        summary.rejected += 1;
+                        sink.rejected(&r, line, line_no).map_err(to_output)?;
+                    }
+                },
+            }
+        }
+        if let Some(p) = progress.as_deref_mut() {
+            p.update(summary.lines, chunk.bytes, engine.counters.accepted);
+        }
+        sink.chunk_done(engine);
+        shell.make_room(workers)?;
+    }
+    shell.finish_write(workers, true).map(|_| ())
 }
 
 /// Runs `chunks` through a fresh engine for `cfg` on a temporary store
@@ -273,14 +344,14 @@ pub(crate) fn run_detached<C: Borrow<Chunk>, K: Sink>(
     chunks: impl Iterator<Item = std::io::Result<C>>,
     sink: &mut K,
 ) -> Result<ReplaySummary> {
-    let tmp = tempfile::tempdir().context("cannot create a temporary state directory")?;
+    let tmp = error::temp_dir()?;
     let store = Store::open_temporary(tmp.path())?;
     let (mut engine, _) = store.load(cfg.engine())?;
     let mut shell = Shell::new(&mut engine, &store, budget, false);
     let summary = drive(chunks, &mut shell, sink, None)?;
     let mut updates = Vec::new();
     engine.close_all(&mut updates);
-    sink.updates(&mut updates)?;
+    sink.updates(&mut updates).map_err(to_output)?;
     Ok(summary)
 }
 
@@ -369,8 +440,49 @@ mod tests {
         let path = input(dir.path(), 30_000);
         let cfg = Config::from_layers(None, &[]).unwrap();
         let err = run(&cfg, &options(&path), Full { room: 4096 }).unwrap_err();
-        let text = format!("{err:#}");
+        assert_eq!(err.fault(), Fault::Output);
+        let text = crate::error::chain(&err);
         assert!(text.contains("cannot write to stdout"), "{text}");
         assert!(text.contains("roken pipe"), "{text}");
+    }
+
+    /// A writer that panics.
+    struct OnFire;
+
+    impl Write for OnFire {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            panic!("the disk is on fire")
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_panicking_thread_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = input(dir.path(), 30_000);
+        let cfg = Config::from_layers(None, &[]).unwrap();
+        let err = run(&cfg, &options(&path), OnFire).unwrap_err();
+        assert!(matches!(err, ReplayError::Panicked { .. }), "{err:?}");
+        assert_eq!(err.fault(), Fault::Internal);
+        assert!(!err.is_retriable());
+        assert_eq!(
+            err.to_string(),
+            "the event encoder thread panicked: the disk is on fire"
+        );
+    }
+
+    #[test]
+    fn a_missing_input_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nothing.jsonl");
+        let cfg = Config::from_layers(None, &[]).unwrap();
+        let err = run(&cfg, &options(&path), Vec::new()).unwrap_err();
+        assert_eq!(err.fault(), Fault::Input);
+        assert_eq!(
+            err.to_string(),
+            format!("cannot open input {}", path.display())
+        );
     }
 }

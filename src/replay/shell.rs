@@ -4,9 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
-
-use super::Chunk;
+use super::{join_thread, Chunk, ReplayError};
 use crate::engine::{Engine, Wants};
 use crate::state::{BulkWrite, Loaded, Store, StoreError};
 
@@ -15,6 +13,8 @@ use crate::state::{BulkWrite, Loaded, Store, StoreError};
 /// is bounded by the cache (dirty entries count against it) and the open
 /// batches: the state is written only when the cache is full, or at the end.
 const PRUNE_AT: usize = 200_000;
+
+type Result<T, E = ReplayError> = std::result::Result<T, E>;
 
 /// The engine and its state store: loads what a chunk needs before it, and
 /// writes and evicts after it when the cache is over its budget. Reads and
@@ -44,7 +44,7 @@ pub(super) struct Shell<'a> {
 /// read was asked for had been evicted after its last write completed, and
 /// one cached since then wins over the read value. After an eviction the
 /// shell drops the read and reads on its own thread instead.
-pub(super) struct Workers {
+pub(super) struct Workers<'s> {
     write: std::sync::mpsc::SyncSender<BulkWrite>,
     written: std::sync::mpsc::Receiver<Result<(), StoreError>>,
     /// Writes sent, and those whose result the shell has taken (one at
@@ -57,31 +57,39 @@ pub(super) struct Workers {
     spare: Vec<Wants>,
     /// A read in flight: the shell's eviction count when it was asked for.
     read_asked: Option<u64>,
+    writer: std::thread::ScopedJoinHandle<'s, ()>,
+    reader: std::thread::ScopedJoinHandle<'s, ()>,
 }
 
-impl Workers {
-    pub(super) fn start<'s>(scope: &'s std::thread::Scope<'s, '_>, store: &'s Store) -> Workers {
+impl<'s> Workers<'s> {
+    pub(super) fn start(scope: &'s std::thread::Scope<'s, '_>, store: &'s Store) -> Result<Self> {
         let (write, rx) = std::sync::mpsc::sync_channel::<BulkWrite>(1);
         let (done_tx, written) = std::sync::mpsc::sync_channel(1);
-        scope.spawn(move || {
-            for bulk in rx {
-                if done_tx.send(store.write_prepared(bulk)).is_err() {
-                    return;
+        let writer = std::thread::Builder::new()
+            .name("state-writer".into())
+            .spawn_scoped(scope, move || {
+                for bulk in rx {
+                    if done_tx.send(store.write_prepared(bulk)).is_err() {
+                        return;
+                    }
                 }
-            }
-        });
+            })
+            .map_err(ReplayError::spawn(WRITER))?;
         let (read, rx) = std::sync::mpsc::sync_channel::<Vec<Wants>>(1);
         let (loaded_tx, loaded) = std::sync::mpsc::sync_channel(1);
-        scope.spawn(move || {
-            for mut wants in rx {
-                let read = store.read(&wants);
-                wants.clear();
-                if loaded_tx.send((read, wants)).is_err() {
-                    return;
+        let reader = std::thread::Builder::new()
+            .name("state-reader".into())
+            .spawn_scoped(scope, move || {
+                for mut wants in rx {
+                    let read = store.read(&wants);
+                    wants.clear();
+                    if loaded_tx.send((read, wants)).is_err() {
+                        return;
+                    }
                 }
-            }
-        });
-        Workers {
+            })
+            .map_err(ReplayError::spawn(READER))?;
+        Ok(Workers {
             write,
             written,
             writes_sent: 0,
@@ -90,12 +98,37 @@ impl Workers {
             loaded,
             spare: Vec::new(),
             read_asked: None,
-        }
+            writer,
+            reader,
+        })
+    }
+
+    /// Stops both threads and waits for them (a write in flight finishes
+    /// first). A thread that panicked is an error here rather than a
+    /// panic of the scope: it explains the [`ReplayError::Stopped`] the
+    /// shell met.
+    pub(super) fn join(self) -> Result<()> {
+        let Workers {
+            write,
+            written,
+            read,
+            loaded,
+            writer,
+            reader,
+            ..
+        } = self;
+        drop((write, written, read, loaded));
+        let wrote = join_thread(WRITER, writer);
+        let read = join_thread(READER, reader);
+        wrote.and(read)
     }
 }
 
-fn stopped(what: &str) -> anyhow::Error {
-    anyhow::anyhow!("the state {what} thread stopped")
+const READER: &str = "state reader";
+const WRITER: &str = "state writer";
+
+fn stopped(thread: &'static str) -> ReplayError {
+    ReplayError::Stopped { thread }
 }
 
 impl<'a> Shell<'a> {
@@ -149,14 +182,14 @@ impl<'a> Shell<'a> {
 
     /// Asks the reader thread for what `chunk` needs (it runs while the
     /// engine processes the chunk before it).
-    pub(super) fn prefetch(&mut self, workers: &mut Workers, chunk: &Chunk) -> Result<()> {
+    pub(super) fn prefetch(&mut self, workers: &mut Workers<'_>, chunk: &Chunk) -> Result<()> {
         let mut wants = std::mem::take(&mut workers.spare);
         self.wants(chunk, &mut wants);
         if wants.is_empty() {
             workers.spare = wants;
             return Ok(());
         }
-        workers.read.send(wants).map_err(|_| stopped("reader"))?;
+        workers.read.send(wants).map_err(|_| stopped(READER))?;
         workers.read_asked = Some(self.evictions);
         Ok(())
     }
@@ -165,12 +198,12 @@ impl<'a> Shell<'a> {
     /// happened since they were asked for; otherwise reads on this thread.
     pub(super) fn load(
         &mut self,
-        workers: &mut Workers,
+        workers: &mut Workers<'_>,
         chunk: &Chunk,
         wants: &mut Vec<Wants>,
     ) -> Result<()> {
         if let Some(asked) = workers.read_asked.take() {
-            let (loaded, spare) = workers.loaded.recv().map_err(|_| stopped("reader"))?;
+            let (loaded, spare) = workers.loaded.recv().map_err(|_| stopped(READER))?;
             workers.spare = spare;
             let loaded = loaded?;
             // Counted even when dropped: the read was made.
@@ -193,13 +226,13 @@ impl<'a> Shell<'a> {
     /// Waits for the write in flight (if any; or only takes its result
     /// when it is done, without `block`), then evicts what it wrote and
     /// is least recently used.
-    pub(super) fn finish_write(&mut self, workers: &mut Workers, block: bool) -> Result<bool> {
+    pub(super) fn finish_write(&mut self, workers: &mut Workers<'_>, block: bool) -> Result<bool> {
         if workers.writes_sent == workers.writes_taken {
             return Ok(true);
         }
         let started = Instant::now();
         let result = if block {
-            Some(workers.written.recv().map_err(|_| stopped("writer"))?)
+            Some(workers.written.recv().map_err(|_| stopped(WRITER))?)
         } else {
             workers.written.try_recv().ok()
         };
@@ -220,7 +253,7 @@ impl<'a> Shell<'a> {
     /// once they are written the least recently used entries are evicted
     /// down to half the budget. The engine waits for the write only if the
     /// cache reaches its budget meanwhile.
-    pub(super) fn make_room(&mut self, workers: &mut Workers) -> Result<()> {
+    pub(super) fn make_room(&mut self, workers: &mut Workers<'_>) -> Result<()> {
         if self.engine.pending_changes() > PRUNE_AT {
             self.engine.forget_closed_batches();
         }
@@ -238,7 +271,7 @@ impl<'a> Shell<'a> {
             }
         }
         let bulk = self.store.prepare_bulk(self.engine, self.persist)?;
-        workers.write.send(bulk).map_err(|_| stopped("writer"))?;
+        workers.write.send(bulk).map_err(|_| stopped(WRITER))?;
         workers.writes_sent += 1;
         Ok(())
     }
