@@ -167,6 +167,7 @@ pub fn run(
             let mut updates = Vec::new();
             if !opts.keep_open {
                 engine.close_all(&mut updates);
+                checked(&mut engine, &store)?;
                 sink.updates(&mut updates).map_err(to_output)?;
             }
             // Written in bounded batches whenever the cache fills, and the
@@ -328,6 +329,7 @@ fn drive_chunks<C: Borrow<Chunk>, K: Sink>(
         if let Some(p) = progress.as_deref_mut() {
             p.update(summary.lines, chunk.bytes, engine.counters.accepted);
         }
+        checked(engine, shell.store)?;
         sink.chunk_done(engine);
         shell.make_room(workers)?;
     }
@@ -351,8 +353,18 @@ pub(crate) fn run_detached<C: Borrow<Chunk>, K: Sink>(
     let summary = drive(chunks, &mut shell, sink, None)?;
     let mut updates = Vec::new();
     engine.close_all(&mut updates);
+    checked(&mut engine, &store)?;
     sink.updates(&mut updates).map_err(to_output)?;
     Ok(summary)
+}
+
+/// An inconsistency the engine met (`Engine::take_inconsistency`) stops
+/// the replay with a fatal store error naming the series.
+fn checked(engine: &mut Engine, store: &Store) -> Result<()> {
+    match engine.take_inconsistency() {
+        Some(i) => Err(store.inconsistent(i).into()),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
