@@ -1289,7 +1289,7 @@ fn a_revoke_during_a_long_restore_hands_over_at_once() {
 /// acknowledgement from it when it sealed the cycle) makes its new owner
 /// read that partition from the beginning. Here the one rejected vote is
 /// the last record, so the killed instance's last cycle is its first DLQ
-/// write, and the DLQ holds 400 000 records before it: a read longer than
+/// write, and the DLQ holds 1 500 000 records before it: a read longer than
 /// `max.poll.interval.ms` (6 s). That read runs on the restore thread, so
 /// the member stays in the group, and the output is exact.
 #[test]
@@ -1299,23 +1299,44 @@ fn a_reconcile_reading_a_long_output_tail_keeps_the_member_in_the_group() {
         return;
     };
     let setup = Setup::new(&broker, "longtail", 1, "exactly_once_outbox", NO_CACHE);
+    // The generator's votes without the lines a replay rejects (broken
+    // or late ones), then one broken line: the only rejection.
     let input = setup.dir.path().join("votes.jsonl");
     generate_votes(&input, 20_000, 37);
-    let mut text = std::fs::read_to_string(&input).unwrap();
+    let rejected: std::collections::HashSet<u64> = replay(&setup.config, &input)
+        .iter()
+        .filter(|e| e["type"] == "vote_rejected")
+        .filter_map(|e| e["source"]["line"].as_u64())
+        .collect();
+    let mut text: String = std::fs::read_to_string(&input)
+        .unwrap()
+        .lines()
+        .enumerate()
+        .filter(|(i, _)| !rejected.contains(&(*i as u64 + 1)))
+        .map(|(_, l)| format!("{l}\n"))
+        .collect();
     text.push_str("{not json\n");
     std::fs::write(&input, text).unwrap();
     let expected = replay(&setup.config, &input);
+    assert_eq!(
+        expected
+            .iter()
+            .filter(|e| e["type"] == "vote_rejected")
+            .count(),
+        1,
+        "the broken last line is the only rejection"
+    );
     // Records in the DLQ before the service runs: not events of its, and
     // read by the check of the cycle in doubt.
     create_topic(&setup.bootstrap, &setup.dlq, 1);
     let foreign = setup.dir.path().join("foreign.jsonl");
-    let lines: String = (0..400_000)
+    let lines: String = (0..1_500_000)
         .map(|i| format!("{{\"foreign\":{i}}}\n"))
         .collect();
     std::fs::write(&foreign, lines).unwrap();
     let n =
         jurystream::service::produce::produce(&foreign, &setup.dlq, &setup.bootstrap, &[]).unwrap();
-    assert_eq!(n, 400_000);
+    assert_eq!(n, 1_500_000);
     let produced = setup.produce(&input) as i64;
     let mut a = instance(&setup, "a", "a", "127.0.0.1:0", Some("3600"));
     wait_committed(&setup, "longtail-group", produced, "A to commit everything");
@@ -1333,7 +1354,11 @@ fn a_reconcile_reading_a_long_output_tail_keeps_the_member_in_the_group() {
         checked > 6_000,
         "the output read took {checked} ms, not longer than max.poll.interval.ms: make the DLQ longer\n{log}"
     );
-    for bad in ["partitions lost", "partition revoked", "max.poll"] {
+    for bad in [
+        "partitions lost",
+        "partition revoked",
+        "maximum poll interval",
+    ] {
         assert!(!log.contains(bad), "{bad}:\n{log}");
     }
     // Close the last windows (idle flush), then the outputs: the replay's
