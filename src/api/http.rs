@@ -157,7 +157,13 @@ async fn auth(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response
 /// it), decoded and checked. Errors are the message of a 400 (see
 /// [`bad_request`]).
 fn id_from(uri: &Uri, what: &str) -> Result<String, String> {
-    let raw = uri.path().rsplit('/').next().unwrap_or_default();
+    id_from_path(uri.path(), what)
+}
+
+/// [`id_from`] on the request's path: its last segment, percent-decoded,
+/// 1..=256 bytes. Pure, public for the fuzz targets (`fuzz/`).
+pub fn id_from_path(path: &str, what: &str) -> Result<String, String> {
+    let raw = path.rsplit('/').next().unwrap_or_default();
     let id = percent_decode(raw, false).map_err(|e| format!("{what}: {e}"))?;
     if id.is_empty() || id.len() > MAX_ID_BYTES {
         return Err(format!("{what}: must be 1..={MAX_ID_BYTES} bytes"));
@@ -175,13 +181,17 @@ fn params_from(
     uri: &Uri,
     allowed: &[&str],
 ) -> Result<std::collections::HashMap<String, String>, String> {
+    query_params(uri.query().unwrap_or_default(), allowed)
+}
+
+/// [`params_from`] on the raw query string (without its `?`). Pure,
+/// public for the fuzz targets (`fuzz/`).
+pub fn query_params(
+    query: &str,
+    allowed: &[&str],
+) -> Result<std::collections::HashMap<String, String>, String> {
     let mut out = std::collections::HashMap::new();
-    for pair in uri
-        .query()
-        .unwrap_or_default()
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let bad = |e: String| format!("query string: {e}");
         let k = percent_decode(k, true).map_err(bad)?;
@@ -198,18 +208,20 @@ fn params_from(
     Ok(out)
 }
 
-/// The `voter_prompt_id` filter of a leaderboard request.
-fn rubric_from(uri: &Uri) -> Result<Option<String>, String> {
-    Ok(params_from(uri, &["voter_prompt_id"])?.remove("voter_prompt_id"))
+/// The `voter_prompt_id` filter of a leaderboard request, from its raw
+/// query string. Pure, public for the fuzz targets (`fuzz/`).
+pub fn rubric_from(query: &str) -> Result<Option<String>, String> {
+    Ok(query_params(query, &["voter_prompt_id"])?.remove("voter_prompt_id"))
 }
 
 /// Reviewers listed by `GET /v1/voters` when `limit` is absent, and at most.
-const VOTERS_DEFAULT_LIMIT: usize = 100;
-const VOTERS_MAX_LIMIT: usize = 10_000;
+pub const VOTERS_DEFAULT_LIMIT: usize = 100;
+pub const VOTERS_MAX_LIMIT: usize = 10_000;
 
-/// `GET /v1/voters`: the rubric (required), the order and the limit.
-fn voters_query(uri: &Uri) -> Result<(String, VoterOrder, usize), String> {
-    let mut p = params_from(uri, &["voter_prompt_id", "order", "limit"])?;
+/// `GET /v1/voters`: the rubric (required), the order and the limit, from
+/// the raw query string. Pure, public for the fuzz targets (`fuzz/`).
+pub fn voters_query(query: &str) -> Result<(String, VoterOrder, usize), String> {
+    let mut p = query_params(query, &["voter_prompt_id", "order", "limit"])?;
     let rubric = p
         .remove("voter_prompt_id")
         .ok_or("voter_prompt_id is required (the rubric whose reviewers to list)")?;
@@ -410,7 +422,7 @@ async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
 }
 
 async fn leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    let rubric = match rubric_from(&uri) {
+    let rubric = match rubric_from(uri.query().unwrap_or_default()) {
         Ok(r) => r,
         Err(m) => return bad_request(m),
     };
@@ -471,7 +483,7 @@ async fn voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
 }
 
 async fn voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    let (rubric, order, limit) = match voters_query(&uri) {
+    let (rubric, order, limit) = match voters_query(uri.query().unwrap_or_default()) {
         Ok(q) => q,
         Err(m) => return bad_request(m),
     };

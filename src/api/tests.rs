@@ -187,6 +187,41 @@ fn ids_decode_strictly() {
     }
 }
 
+#[test]
+fn paths_and_query_strings_parse_without_a_request() {
+    use super::http::{id_from_path, query_params, rubric_from, voters_query};
+    assert_eq!(
+        id_from_path("/v1/inferences/inf%2F1%20%C3%A9", "inference id").unwrap(),
+        "inf/1 é"
+    );
+    assert!(id_from_path("/v1/voters/", "voter id").is_err(), "empty");
+    assert!(id_from_path(&format!("/v1/voters/{}", "a".repeat(257)), "voter id").is_err());
+    assert_eq!(rubric_from("").unwrap(), None);
+    assert_eq!(
+        rubric_from("voter_prompt_id=a&voter_prompt_id=b+c").unwrap(),
+        Some("b c".into()),
+        "the last occurrence wins"
+    );
+    assert!(rubric_from("model=x").is_err());
+    assert!(query_params("a=1", &[]).is_err());
+    assert!(query_params("&&", &[]).unwrap().is_empty());
+    assert_eq!(
+        voters_query("voter_prompt_id=r").unwrap(),
+        ("r".into(), VoterOrder::VoterId, 100)
+    );
+    assert_eq!(
+        voters_query("order=deviation&limit=10000&voter_prompt_id=r").unwrap(),
+        ("r".into(), VoterOrder::Deviation, 10_000)
+    );
+    for bad in [
+        "limit=5",
+        "voter_prompt_id=r&limit=0",
+        "voter_prompt_id=r&order=x",
+    ] {
+        assert!(voters_query(bad).is_err(), "{bad}");
+    }
+}
+
 mod served {
     use super::super::http::{routes, Api};
     use super::super::*;
