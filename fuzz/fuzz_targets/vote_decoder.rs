@@ -3,7 +3,7 @@
 //!
 //! Checked on every input, besides "no panic":
 //! - the answer is the same as a reference reading of SPEC §1 written
-//!   here over `serde_json::Value` (accepted or not, the rejection's
+//!   here over a plain JSON tree (accepted or not, the rejection's
 //!   reason, every field of an accepted vote);
 //! - an accepted vote holds what the decoder guarantees: ids of 1..=256
 //!   bytes, a value null or finite in [0, 1], a finite weight > 0; its
@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use jurystream::input::{decode_vote, dlq_payload, DecodeOptions, Id, Reason, Rejection, Vote};
 use jurystream::time::{format_timestamp, parse_timestamp, Nanos};
 use libfuzzer_sys::fuzz_target;
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -180,7 +181,7 @@ fn exact_time(t: Nanos) -> Value {
     format_timestamp(t).into()
 }
 
-/// SPEC §1 read directly, over `serde_json::Value` (which has the same
+/// SPEC §1 read directly, over a [`Json`] tree (read with the same
 /// nesting limit, 128, as the decoder's walk) and the raw text of each
 /// field (for "an integer is a number without fraction or exponent").
 /// The checks run in the decoder's order, so that a message that breaks
@@ -189,19 +190,19 @@ fn reference(data: &[u8], default_rubric: Option<&str>) -> Result<Vote, Reason> 
     if data.len() > defaults().max_message_bytes {
         return Err(Reason::TooLarge);
     }
-    let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(data) else {
+    let Ok(Json::Obj(obj)) = serde_json::from_slice::<Json>(data) else {
         return Err(Reason::MalformedJson);
     };
-    // The raw text of every key's last value (a repeated key: the last wins,
-    // as in `Value`).
+    // The raw text of every key's last value (a repeated key: the last
+    // wins, as in the decoder).
     let raw: HashMap<String, &RawValue> =
-        serde_json::from_slice(data).expect("parsed as a Value, so as raw values");
-    let field = |k: &str| -> Option<(&Value, &str)> {
-        let v = obj.get(k)?;
+        serde_json::from_slice(data).expect("parsed as a tree, so as raw values");
+    let field = |k: &str| -> Option<(&Json, &str)> {
+        let (_, v) = obj.iter().rev().find(|(name, _)| name == k)?;
         Some((v, raw[k].get()))
     };
     // `None` for an absent or null field.
-    let present = |k: &str| field(k).filter(|(v, _)| !v.is_null());
+    let present = |k: &str| field(k).filter(|(v, _)| !matches!(v, Json::Null));
 
     let inference_id = id(present("inference_id"))?;
     let voter_id = id(present("voter_id"))?;
@@ -213,9 +214,9 @@ fn reference(data: &[u8], default_rubric: Option<&str>) -> Result<Vote, Reason> 
     };
     let value = match field("vote") {
         None => return Err(Reason::MissingField),
-        Some((Value::Null, _)) => None,
-        Some((Value::Bool(b), _)) => Some(if *b { 1.0 } else { 0.0 }),
-        Some((Value::String(s), _)) => Some(match s.to_ascii_lowercase().as_str() {
+        Some((Json::Null, _)) => None,
+        Some((Json::Bool(b), _)) => Some(if *b { 1.0 } else { 0.0 }),
+        Some((Json::Str(s), _)) => Some(match s.to_ascii_lowercase().as_str() {
             "pass" | "fully" => 1.0,
             "flag" | "none" => 0.0,
             "mostly" => 0.9,
@@ -223,7 +224,7 @@ fn reference(data: &[u8], default_rubric: Option<&str>) -> Result<Vote, Reason> 
             "minor" => 0.3,
             _ => return Err(Reason::InvalidField),
         }),
-        Some((Value::Number(n), _)) => match n.as_f64() {
+        Some((n, _)) if n.number().is_some() => match n.number() {
             Some(x) if x.is_finite() && (0.0..=1.0).contains(&x) => Some(x),
             _ => return Err(Reason::InvalidField),
         },
@@ -236,12 +237,12 @@ fn reference(data: &[u8], default_rubric: Option<&str>) -> Result<Vote, Reason> 
     let vote_id = id(present("vote_id"))?;
     let model_id = match present("model_id") {
         None => None,
-        Some((Value::String(s), _)) if (1..=256).contains(&s.len()) => Some(Id::from(s.as_str())),
+        Some((Json::Str(s), _)) if (1..=256).contains(&s.len()) => Some(Id::from(s.as_str())),
         Some(_) => return Err(Reason::InvalidField),
     };
     let weight = match present("reputation") {
         None => 1.0,
-        Some((Value::Number(n), _)) => match n.as_f64() {
+        Some((n, _)) if n.number().is_some() => match n.number() {
             Some(r) if r.is_finite() && r > 0.0 => r,
             _ => return Err(Reason::InvalidField),
         },
@@ -266,13 +267,13 @@ fn reference(data: &[u8], default_rubric: Option<&str>) -> Result<Vote, Reason> 
 
 /// An id: a string of 1..=256 bytes, or an integer (a number without
 /// fraction or exponent, in i64 ∪ u64) as its decimal form.
-fn id(v: Option<(&Value, &str)>) -> Result<Option<Id>, Reason> {
+fn id(v: Option<(&Json, &str)>) -> Result<Option<Id>, Reason> {
     let Some((v, raw)) = v else {
         return Ok(None);
     };
     match v {
-        Value::String(s) if (1..=256).contains(&s.len()) => Ok(Some(s.as_str().into())),
-        Value::Number(n) => {
+        Json::Str(s) if (1..=256).contains(&s.len()) => Ok(Some(s.as_str().into())),
+        n if n.number().is_some() => {
             let integer = raw
                 .bytes()
                 .enumerate()
@@ -280,7 +281,7 @@ fn id(v: Option<(&Value, &str)>) -> Result<Option<Id>, Reason> {
             if integer && (raw.parse::<i64>().is_ok() || raw.parse::<u64>().is_ok()) {
                 // "-0" is the integer 0.
                 Ok(Some(if raw == "-0" { "0".into() } else { raw.into() }))
-            } else if n.as_f64() == Some(0.0) && raw.starts_with('-') {
+            } else if n.number() == Some(0.0) && raw.starts_with('-') {
                 // KNOWN DEVIATION (reported, not fixed): serde_json reads
                 // the integer `-0` as the float -0.0, and so does it
                 // `-0.0`, `-0e5`, ...: the decoder cannot tell them apart
@@ -295,9 +296,87 @@ fn id(v: Option<(&Value, &str)>) -> Result<Option<Id>, Reason> {
     }
 }
 
-fn time(v: &Value) -> Result<Nanos, Reason> {
+fn time(v: &Json) -> Result<Nanos, Reason> {
     match v {
-        Value::String(s) => parse_timestamp(s).map_err(|_| Reason::InvalidTimestamp),
+        Json::Str(s) => parse_timestamp(s).map_err(|_| Reason::InvalidTimestamp),
         _ => Err(Reason::InvalidTimestamp),
+    }
+}
+
+/// A JSON value as `serde_json::Value` reads one, without its special
+/// case: with serde_json's `raw_value` feature (which this project turns
+/// on), `Value` reads an object whose first key is
+/// `$serde_json::private::RawValue` as the JSON text in that key's string
+/// (this target found it: such a message is an object to the decoder and
+/// to SPEC §1, not malformed). Read through `deserialize_any`, so with
+/// serde_json's nesting limit, as the decoder.
+enum Json {
+    Null,
+    Bool(bool),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+    Str(String),
+    Arr,
+    /// Every entry in order (a repeated key: the last wins).
+    Obj(Vec<(String, Json)>),
+}
+
+impl Json {
+    fn number(&self) -> Option<f64> {
+        match *self {
+            Json::U64(n) => Some(n as f64),
+            Json::I64(n) => Some(n as f64),
+            Json::F64(x) => Some(x),
+            _ => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Json, D::Error> {
+        d.deserialize_any(JsonVisitor)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> Visitor<'de> for JsonVisitor {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Json, E> {
+        Ok(Json::Bool(b))
+    }
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Json, E> {
+        Ok(Json::U64(n))
+    }
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Json, E> {
+        Ok(Json::I64(n))
+    }
+    fn visit_f64<E: de::Error>(self, x: f64) -> Result<Json, E> {
+        Ok(Json::F64(x))
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Json, E> {
+        Ok(Json::Str(s.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Json, E> {
+        Ok(Json::Str(s))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        while seq.next_element::<Json>()?.is_some() {}
+        Ok(Json::Arr)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut entries = Vec::new();
+        while let Some(k) = map.next_key::<String>()? {
+            entries.push((k, map.next_value::<Json>()?));
+        }
+        Ok(Json::Obj(entries))
     }
 }
