@@ -3,12 +3,12 @@
 # "Fuzzing"). Runs the targets of fuzz/ for a time each, then prints what
 # they did: executions, exec/s, coverage, corpus, crashes.
 #
-#   scripts/fuzz.sh [TARGET|all] [SECONDS]
+#   scripts/fuzz.sh [TARGETS|all] [SECONDS]
 #
-# TARGET: vote_decoder, connect_intake, query_parse, query_router, or all
-# (the default). SECONDS: libFuzzer's -max_total_time per target (default
-# 3600). Environment:
-#   FUZZ_PARALLEL   targets run at once with "all" (default 1; one per core)
+# TARGETS: one or more of vote_decoder, connect_intake, query_parse,
+# query_router, comma-separated, or all (the default). SECONDS:
+# libFuzzer's -max_total_time per target (default 3600). Environment:
+#   FUZZ_PARALLEL   targets run at once (default 1; one per core)
 #   FUZZ_ARGS       more libFuzzer flags (e.g. "-max_len=8192")
 #   CARGO_TARGET_DIR  default ~/.cache/jurystream-fuzz-target (the fuzz
 #                   build links RocksDB and librdkafka: the first build
@@ -32,10 +32,13 @@ parallel="${FUZZ_PARALLEL:-1}"
 if [ "$target" = all ]; then
     targets=("${ALL[@]}")
 else
-    case " ${ALL[*]} " in
-        *" $target "*) targets=("$target") ;;
-        *) echo "unknown target '$target' (${ALL[*]} or all)" >&2; exit 2 ;;
-    esac
+    IFS=, read -r -a targets <<<"$target"
+    for t in "${targets[@]}"; do
+        case " ${ALL[*]} " in
+            *" $t "*) ;;
+            *) echo "unknown target '$t' (${ALL[*]}, comma-separated, or all)" >&2; exit 2 ;;
+        esac
+    done
 fi
 case "$seconds" in
     '' | *[!0-9]*) echo "SECONDS must be a whole number, got '$seconds'" >&2; exit 2 ;;
@@ -50,6 +53,10 @@ if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
 fi
 
 mkdir -p fuzz/logs "$CARGO_TARGET_DIR"
+# query_router's stores (a temporary directory per process) go in a
+# directory of this run's own, removed at the end.
+run_tmp="$(mktemp -d -t jurystream-fuzz-run.XXXXXX)"
+trap 'rm -rf "$run_tmp"' EXIT
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 echo "== fuzz: ${targets[*]}, ${seconds} s each, $(rustc +nightly -V), $(cargo +nightly fuzz --version)"
 echo "== commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), CARGO_TARGET_DIR=$CARGO_TARGET_DIR"
@@ -68,7 +75,7 @@ run_one() {
     before=$(find "fuzz/artifacts/$t" -type f | wc -l)
     local rc=0
     # shellcheck disable=SC2086
-    nice -n 19 cargo +nightly fuzz run --target-dir "$CARGO_TARGET_DIR" "$t" "fuzz/corpus/$t" -- \
+    TMPDIR="$run_tmp" nice -n 19 cargo +nightly fuzz run --target-dir "$CARGO_TARGET_DIR" "$t" "fuzz/corpus/$t" -- \
         -max_total_time="$seconds" -timeout=25 -print_final_stats=1 ${FUZZ_ARGS:-} \
         >"$log" 2>&1 || rc=$?
     local after
@@ -84,8 +91,6 @@ for t in "${targets[@]}"; do
     done
 done
 wait || true
-# query_router's stores (a temporary directory per run).
-rm -rf "${TMPDIR:-/tmp}"/jurystream-fuzz-*
 
 final_stat() { sed -n "s/^stat::$2: *//p" "$1" | tail -n 1; }
 failed=0
