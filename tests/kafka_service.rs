@@ -243,12 +243,13 @@ fn kill_9_at_many_points_outbox_loses_and_doubles_nothing() {
 ///
 /// `exactly_once_outbox`: the output must equal the replay. `exactly_once`:
 /// every restart initialises the same transactional.id (the instance id is
-/// the host name), which on Apache Kafka aborts the killed instance's open
-/// transaction, so the output would equal the replay too. The test broker
-/// (the prebuilt tansu) instead makes that transaction's records visible to
-/// read_committed readers (measured, docs/testing.md), and the restart redoes
-/// the cycle: the test asserts what holds there, that no event is lost and
-/// none is foreign to the replay, and prints the copies.
+/// kept in the state directory), which on Apache Kafka aborts the killed
+/// instance's open transaction, so the output would equal the replay too.
+/// The test broker (the prebuilt tansu) instead makes that transaction's
+/// records visible to read_committed readers (measured, docs/testing.md),
+/// and the restart redoes the cycle: the test asserts what holds there,
+/// that no event is lost and none is foreign to the replay, and prints the
+/// copies.
 fn kill_9_at_many_points(mode: &str) {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
