@@ -224,10 +224,7 @@ fn reference(data: &[u8], default_rubric: Option<&str>) -> Result<Vote, Reason> 
             "minor" => 0.3,
             _ => return Err(Reason::InvalidField),
         }),
-        Some((n, _)) if n.number().is_some() => match n.number() {
-            Some(x) if x.is_finite() && (0.0..=1.0).contains(&x) => Some(x),
-            _ => return Err(Reason::InvalidField),
-        },
+        Some((Json::Num(x), _)) if x.is_finite() && (0.0..=1.0).contains(x) => Some(*x),
         Some(_) => return Err(Reason::InvalidField),
     };
     let timestamp = match present("timestamp").or(present("vote_time")) {
@@ -242,10 +239,7 @@ fn reference(data: &[u8], default_rubric: Option<&str>) -> Result<Vote, Reason> 
     };
     let weight = match present("reputation") {
         None => 1.0,
-        Some((n, _)) if n.number().is_some() => match n.number() {
-            Some(r) if r.is_finite() && r > 0.0 => r,
-            _ => return Err(Reason::InvalidField),
-        },
+        Some((Json::Num(r), _)) if r.is_finite() && *r > 0.0 => *r,
         Some(_) => return Err(Reason::InvalidField),
     };
     let inference_time = match present("inference_time") {
@@ -273,7 +267,7 @@ fn id(v: Option<(&Json, &str)>) -> Result<Option<Id>, Reason> {
     };
     match v {
         Json::Str(s) if (1..=256).contains(&s.len()) => Ok(Some(s.as_str().into())),
-        n if n.number().is_some() => {
+        Json::Num(x) => {
             let integer = raw
                 .bytes()
                 .enumerate()
@@ -281,7 +275,7 @@ fn id(v: Option<(&Json, &str)>) -> Result<Option<Id>, Reason> {
             if integer && (raw.parse::<i64>().is_ok() || raw.parse::<u64>().is_ok()) {
                 // "-0" is the integer 0.
                 Ok(Some(if raw == "-0" { "0".into() } else { raw.into() }))
-            } else if n.number() == Some(0.0) && raw.starts_with('-') {
+            } else if *x == 0.0 && raw.starts_with('-') {
                 // KNOWN DEVIATION (reported, not fixed): serde_json reads
                 // the integer `-0` as the float -0.0, and so does it
                 // `-0.0`, `-0e5`, ...: the decoder cannot tell them apart
@@ -313,24 +307,12 @@ fn time(v: &Json) -> Result<Nanos, Reason> {
 enum Json {
     Null,
     Bool(bool),
-    U64(u64),
-    I64(i64),
-    F64(f64),
+    /// Any number, as `Value::as_f64` gives it.
+    Num(f64),
     Str(String),
     Arr,
     /// Every entry in order (a repeated key: the last wins).
     Obj(Vec<(String, Json)>),
-}
-
-impl Json {
-    fn number(&self) -> Option<f64> {
-        match *self {
-            Json::U64(n) => Some(n as f64),
-            Json::I64(n) => Some(n as f64),
-            Json::F64(x) => Some(x),
-            _ => None,
-        }
-    }
 }
 
 impl<'de> Deserialize<'de> for Json {
@@ -354,13 +336,13 @@ impl<'de> Visitor<'de> for JsonVisitor {
         Ok(Json::Bool(b))
     }
     fn visit_u64<E: de::Error>(self, n: u64) -> Result<Json, E> {
-        Ok(Json::U64(n))
+        Ok(Json::Num(n as f64))
     }
     fn visit_i64<E: de::Error>(self, n: i64) -> Result<Json, E> {
-        Ok(Json::I64(n))
+        Ok(Json::Num(n as f64))
     }
     fn visit_f64<E: de::Error>(self, x: f64) -> Result<Json, E> {
-        Ok(Json::F64(x))
+        Ok(Json::Num(x))
     }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Json, E> {
         Ok(Json::Str(s.to_owned()))
