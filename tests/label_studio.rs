@@ -235,8 +235,11 @@ max_annotations = 10
     );
     std::fs::write(&setup.config, config).unwrap();
     create_topic(&setup.bootstrap, &setup.input_topic, 1);
-    let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
+    // connect first: its routing subscribes to the flags topic before `run`
+    // creates it (librdkafka sees such a topic at its next metadata
+    // refresh, which connect makes every 10 s instead of 5 min).
     let mut connect = Connect::start(&setup.config, setup.dir.path(), hook_port, &[]);
+    let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
 
     // 1. Reviewers annotate; the webhooks bring the votes (sync is off).
     let state = setup.dir.path().join("ls-state.json");

@@ -122,6 +122,13 @@ impl Router {
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
             .set("isolation.level", "read_committed");
+        // connect may start before `run` creates the flags topic; librdkafka
+        // notices a subscribed topic that appears only at its next metadata
+        // refresh (5 min by default), and the flags waited that long. Every
+        // 10 s instead (one small request), unless kafka.properties says.
+        if crate::service::property(cfg, "topic.metadata.refresh.interval.ms").is_none() {
+            c.set("topic.metadata.refresh.interval.ms", "10000");
+        }
         let consumer: BaseConsumer = match c.create() {
             Ok(c) => c,
             Err(e) => {
