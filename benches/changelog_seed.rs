@@ -11,7 +11,7 @@
 //! `kafka.changelog_topic` is set), with the brokers and
 //! `kafka.properties` of FILE. The records are the state keys of
 //! `jurystream::state` as the service sends them (key, value, or no value
-//! for a delete): everything but the local `t` index (`Store::apply`
+//! for a delete; the state format header): everything but the local `t` index (`Store::apply`
 //! rebuilds it from each `d` put), the `p` positions and any `c`/`o`
 //! records. After every N records (default 10 000) comes a cycle marker
 //! (`c`: seq 1, 2, 3, …, next input offset O (default 0: an empty input
@@ -33,11 +33,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
 use jurystream::config::Config;
-use jurystream::service::{client_config, send_waiting, CycleMarker, Names, CYCLE_KEY};
+use jurystream::service::{
+    client_config, send_waiting, CycleMarker, Names, CHANGELOG_HEADER, CYCLE_KEY,
+};
 use jurystream::state::encode_value;
 
 /// Key kinds that never go to a changelog: the local time index, shell
@@ -159,7 +162,14 @@ fn create_topics(cfg: &Config, input: &str, changelog: &str) {
 
 /// Queues one record, serving delivery reports while the queue is full.
 fn send(p: &BaseProducer<Acks>, topic: &str, partition: i32, key: &[u8], value: Option<&[u8]>) {
-    let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic).partition(partition).key(key);
+    let (name, format) = CHANGELOG_HEADER;
+    let mut rec: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
+        .partition(partition)
+        .key(key)
+        .headers(OwnedHeaders::new().insert(Header {
+            key: name,
+            value: Some(format),
+        }));
     if let Some(v) = value {
         rec = rec.payload(v);
     }

@@ -20,7 +20,7 @@ use super::board::{fixed, FIXED_ONE};
 use super::{Change, Engine, Entry};
 
 /// One rubric's agreement sums.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RubricSums {
     /// Units (batches with ≥ 2 counted votes).
     pub units: u64,
@@ -75,7 +75,7 @@ impl RubricSums {
 }
 
 /// One reviewer's agreement numbers for one rubric.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReviewerStats {
     /// Their counted votes in units.
     pub rated: u64,

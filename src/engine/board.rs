@@ -10,19 +10,17 @@
 
 use crate::input::Id;
 
-use serde::{Deserialize, Serialize};
-
 use super::SeriesState;
 
 /// One leaderboard row's identity.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BoardKey {
     pub model_id: Option<Id>,
     pub voter_prompt_id: Id,
 }
 
 /// One leaderboard row (sums over the series with `update_seq ≥ 1`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BoardRow {
     pub series: u64,
     /// Σ [`fixed`]`(score)`.
@@ -31,16 +29,6 @@ pub struct BoardRow {
     pub votes: u64,
     /// Σ [`fixed_square`]`(score)` (SPEC §13: the rows' `score_sd`).
     pub score_squares: i128,
-}
-
-/// [`BoardRow`] as stored before `score_squares` (format ≤ 5): a row read
-/// in this layout has its partition's rows rebuilt from the series.
-#[derive(Debug, Clone, Copy, Deserialize)]
-pub struct BoardRowV5 {
-    pub series: u64,
-    pub score_sum: i128,
-    pub ambiguous: u64,
-    pub votes: u64,
 }
 
 /// Fixed-point scale of [`BoardRow::score_sum`]: 2⁶⁴ per 1.0. A score in
@@ -150,18 +138,6 @@ impl BoardRow {
         let mean = self.mean_score();
         let half = crate::engine::score::Z95 * sd / (self.series as f64).sqrt();
         Some((mean - half, mean + half))
-    }
-}
-
-impl From<BoardRowV5> for BoardRow {
-    fn from(v: BoardRowV5) -> BoardRow {
-        BoardRow {
-            series: v.series,
-            score_sum: v.score_sum,
-            ambiguous: v.ambiguous,
-            votes: v.votes,
-            score_squares: 0,
-        }
     }
 }
 

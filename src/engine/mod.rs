@@ -19,10 +19,7 @@ pub use identity::{derived_vote_id, vote_identity};
 mod close;
 mod persisted;
 
-pub use persisted::{
-    Batch, BatchKey, Entry, Meta, SeriesKey, SeriesState, SeriesStateV1, SeriesStateV4,
-    SeriesStateV5, SeriesStateV6,
-};
+pub use persisted::{Batch, BatchKey, Entry, Meta, SeriesKey, SeriesState};
 
 use crate::input::Id;
 use std::collections::{BTreeMap, HashMap};
@@ -139,7 +136,7 @@ pub struct ScoreUpdate {
     pub score: f64,
     pub previous_score: f64,
     /// The series' previous scored batch's mean vote (None on the first
-    /// update, and after an update stored without it: [`SeriesStateV4`]).
+    /// update, and after an update stored before format 5).
     pub previous_mean_vote: Option<f64>,
     /// The series' counted votes in all its scored batches, this one
     /// included.

@@ -1,8 +1,6 @@
 //! What the engine keeps per partition and the state store persists:
-//! series (with the layouts older formats stored), batches and their
-//! entries, the partition values.
-
-use serde::{Deserialize, Serialize};
+//! series, batches and their entries, the partition values. Plain structs:
+//! how they are stored is the state store's (`crate::state::format`).
 
 use super::score::Evidence;
 use super::EngineConfig;
@@ -10,14 +8,14 @@ use crate::input::Id;
 use crate::time::Nanos;
 
 /// A series: one inference under one rubric.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeriesKey {
     pub inference_id: Id,
     pub voter_prompt_id: Id,
 }
 
 /// What is remembered of a series between batches.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SeriesState {
     pub model_id: Option<Id>,
     pub score: f64,
@@ -66,103 +64,8 @@ impl SeriesState {
     }
 }
 
-/// The evidence of a series stored before it was kept (format ≤ 5): none
-/// before its first update; after one, the score taken as all votes and as
-/// one vote's worth (V = Q = 1), so its interval is as wide as a single
-/// vote's until new batches add to it (docs/decisions.md).
-fn upgraded_evidence(update_seq: u64) -> Evidence {
-    if update_seq == 0 {
-        Evidence::default()
-    } else {
-        Evidence { v: 1.0, q: 1.0 }
-    }
-}
-
-/// [`SeriesState`] as stored before the query API (format ≤ 3), read from
-/// older directories and changelogs.
-#[derive(Debug, Clone, Deserialize)]
-pub struct SeriesStateV1 {
-    pub model_id: Option<Id>,
-    pub score: f64,
-    pub last_vote_at: Option<Nanos>,
-    pub update_seq: u64,
-    pub abstentions: u64,
-    pub votes: u64,
-}
-
-impl From<SeriesStateV1> for SeriesState {
-    fn from(v: SeriesStateV1) -> SeriesState {
-        SeriesState {
-            model_id: v.model_id,
-            score: v.score,
-            last_vote_at: v.last_vote_at,
-            update_seq: v.update_seq,
-            abstentions: v.abstentions,
-            votes: v.votes,
-            ambiguous: false,
-            pending: 0,
-            last_mean_vote: None,
-            companion_scores: Box::default(),
-            evidence: upgraded_evidence(v.update_seq),
-            companion_evidence: Box::default(),
-        }
-    }
-}
-
-/// [`SeriesState`] as format 4 stored it (before `last_mean_vote`): the
-/// format-3 fields, then two more (postcard lays a nested struct out
-/// inline, field after field).
-#[derive(Debug, Clone, Deserialize)]
-pub struct SeriesStateV4 {
-    pub v1: SeriesStateV1,
-    pub ambiguous: bool,
-    pub pending: u64,
-}
-
-impl From<SeriesStateV4> for SeriesState {
-    fn from(v: SeriesStateV4) -> SeriesState {
-        SeriesState {
-            ambiguous: v.ambiguous,
-            pending: v.pending,
-            ..v.v1.into()
-        }
-    }
-}
-
-/// [`SeriesState`] as stored before `companion_scores`.
-#[derive(Debug, Clone, Deserialize)]
-pub struct SeriesStateV5 {
-    pub v4: SeriesStateV4,
-    pub last_mean_vote: Option<f64>,
-}
-
-impl From<SeriesStateV5> for SeriesState {
-    fn from(v: SeriesStateV5) -> SeriesState {
-        SeriesState {
-            last_mean_vote: v.last_mean_vote,
-            ..v.v4.into()
-        }
-    }
-}
-
-/// [`SeriesState`] as stored before `evidence` (format ≤ 5).
-#[derive(Debug, Clone, Deserialize)]
-pub struct SeriesStateV6 {
-    pub v5: SeriesStateV5,
-    pub companion_scores: Box<[f64]>,
-}
-
-impl From<SeriesStateV6> for SeriesState {
-    fn from(v: SeriesStateV6) -> SeriesState {
-        SeriesState {
-            companion_scores: v.companion_scores,
-            ..v.v5.into()
-        }
-    }
-}
-
 /// A batch's place in the close order: (window start, series, opening order).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BatchKey {
     pub window_start: Nanos,
     pub series: SeriesKey,
@@ -170,7 +73,7 @@ pub struct BatchKey {
 }
 
 /// One accepted vote inside an open batch.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub voter_id: Id,
     pub vote_id: Id,
@@ -183,18 +86,28 @@ pub struct Entry {
 }
 
 /// An open batch; entries are in arrival order.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Batch {
     pub entries: Vec<Entry>,
     /// Live, non-null entries.
     pub counted: u32,
-    #[serde(skip)]
     pub(super) dirty: bool,
     /// Whether the store holds a version of this batch (so that closing it
     /// needs a delete; a batch opened and closed between two writes never
     /// reaches the store at all).
-    #[serde(skip)]
     pub(super) stored: bool,
+}
+
+impl Batch {
+    /// A batch read back from the store.
+    pub fn stored(entries: Vec<Entry>, counted: u32) -> Batch {
+        Batch {
+            entries,
+            counted,
+            dirty: false,
+            stored: true,
+        }
+    }
 }
 
 impl Meta {
@@ -207,7 +120,7 @@ impl Meta {
 }
 
 /// Partition-wide values.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Meta {
     pub watermark: Option<Nanos>,
     pub next_batch_seq: u64,

@@ -1,8 +1,6 @@
 //! The scoring math of SPEC §3 and §13: pure functions of numbers, nothing
 //! else.
 
-use serde::{Deserialize, Serialize};
-
 /// How a batch's votes become one aggregate `a`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Aggregator {
@@ -110,7 +108,7 @@ pub const Z95: f64 = 1.959963984540054;
 /// the initial score, and `q`, the sum of the squared weights the votes
 /// have in the score (so that `v² / q` is Kish's effective sample size).
 /// Both start at 0.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Evidence {
     pub v: f64,
     pub q: f64,

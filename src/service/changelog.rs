@@ -24,7 +24,11 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::output::Route;
-use crate::state::{encode_value, Record, Store, StoreError};
+use crate::state::{decode_value, encode_value, format, Record, Store, StoreError};
+
+/// The header every changelog record carries: the state format of its
+/// value (a record without it was written before format 7).
+pub const CHANGELOG_HEADER: (&str, &[u8]) = (format::HEADER, format::HEADER_VALUE);
 
 /// Key of the [`CycleMarker`].
 pub const CYCLE_KEY: &[u8] = b"c";
@@ -96,8 +100,14 @@ pub fn outbox_key(i: u32) -> Vec<u8> {
 }
 
 /// The file, in a partition's state directory, with the outbox chunks of
-/// the last cycle the live service committed.
-pub const OUTBOX_FILE: &str = "jurystream-outbox";
+/// the last cycle the live service committed (chunk values in the state
+/// format, `.7` for the format that tagged them).
+pub const OUTBOX_FILE: &str = "jurystream-outbox.7";
+
+/// [`OUTBOX_FILE`] as builds before state format 7 wrote it (untagged
+/// chunk values): read when the new one is missing, removed once the new
+/// one is written.
+const LEGACY_OUTBOX_FILE: &str = "jurystream-outbox";
 
 /// Whether a record is an outbox chunk.
 fn is_outbox_key(k: &[u8]) -> bool {
@@ -127,7 +137,11 @@ pub fn write_outbox_file(dir: &Path, chunks: &[Vec<u8>]) -> std::io::Result<()> 
     }
     file.write_all(&crc.finalize().to_le_bytes())?;
     file.into_inner().map_err(|e| e.into_error())?;
-    std::fs::rename(&tmp, dir.join(OUTBOX_FILE))
+    std::fs::rename(&tmp, dir.join(OUTBOX_FILE))?;
+    match std::fs::remove_file(dir.join(LEGACY_OUTBOX_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Writes a committed cycle to `store`: its outbox chunks (`chunks`, see
@@ -172,10 +186,28 @@ pub fn take_cycle_chunks(records: &mut Vec<Record>, n: usize) -> Vec<Vec<u8>> {
     records.drain(start..end).filter_map(|(_, v)| v).collect()
 }
 
-/// The chunk values of `dir`'s outbox file; `None` when there is none or
-/// it does not check out.
+/// The chunk values of `dir`'s outbox file, in the current state format;
+/// `None` when there is none or it does not check out.
 fn read_outbox_file(dir: &Path) -> Option<Vec<Vec<u8>>> {
-    let buf = std::fs::read(dir.join(OUTBOX_FILE)).ok()?;
+    if let Some(chunks) = read_chunk_file(&dir.join(OUTBOX_FILE)) {
+        return Some(chunks);
+    }
+    let chunks = read_chunk_file(&dir.join(LEGACY_OUTBOX_FILE))?;
+    chunks
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let key = outbox_key(i as u32);
+            crate::state::current_value(&key, &v, None)
+                .ok()
+                .map(|v| v.into_owned())
+        })
+        .collect()
+}
+
+/// The chunk values of one outbox file as they are.
+fn read_chunk_file(path: &Path) -> Option<Vec<Vec<u8>>> {
+    let buf = std::fs::read(path).ok()?;
     let (body, crc) = buf.split_at_checked(buf.len().checked_sub(4)?)?;
     if crc32fast::hash(body).to_le_bytes() != crc {
         return None;
@@ -299,7 +331,7 @@ fn corrupt(store: &Store, key: &[u8], why: impl ToString) -> StoreError {
 pub fn read_marker(store: &Store) -> Result<Option<CycleMarker>, StoreError> {
     match store.get(CYCLE_KEY)? {
         None => Ok(None),
-        Some(v) => postcard::from_bytes(&v)
+        Some(v) => decode_value(&v)
             .map(Some)
             .map_err(|e| corrupt(store, CYCLE_KEY, e)),
     }
@@ -316,7 +348,7 @@ pub fn read_outbox(store: &Store, marker: &CycleMarker) -> Result<Vec<OutEvent>,
         let v = store
             .get(&key)?
             .ok_or_else(|| corrupt(store, &key, "outbox chunk missing"))?;
-        let chunk: OutboxChunk = postcard::from_bytes(&v).map_err(|e| corrupt(store, &key, e))?;
+        let chunk: OutboxChunk = decode_value(&v).map_err(|e| corrupt(store, &key, e))?;
         if chunk.seq != marker.seq {
             return Err(corrupt(
                 store,
@@ -341,7 +373,7 @@ fn outbox_from_file(dir: &Path, marker: &CycleMarker) -> Option<Vec<OutEvent>> {
     }
     let mut out = Vec::new();
     for v in chunks {
-        let chunk: OutboxChunk = postcard::from_bytes(&v).ok()?;
+        let chunk: OutboxChunk = decode_value(&v).ok()?;
         if chunk.seq != marker.seq {
             return None;
         }
@@ -401,7 +433,7 @@ mod tests {
             keys,
             vec![&outbox_key(0)[..], &outbox_key(1)[..], CYCLE_KEY]
         );
-        let first: OutboxChunk = postcard::from_bytes(records[0].1.as_ref().unwrap()).unwrap();
+        let first: OutboxChunk = decode_value(records[0].1.as_ref().unwrap()).unwrap();
         assert_eq!(first.events, events[..2]);
         assert_eq!(first.seq, 5);
         // One event larger than a chunk gets a record of its own.
@@ -503,6 +535,26 @@ mod tests {
         }
     }
 
+    /// The outbox file of a build before state format 7 (untagged chunk
+    /// values, its own name) is read when there is no newer one, and goes
+    /// once a newer one is written.
+    #[test]
+    fn an_outbox_file_of_an_earlier_format_is_read_then_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        let events = vec![ev(1, 10), ev(2, 20)];
+        let (mut records, marker) = seal_cycle(&CycleMarker::initial(), 3, &events, |_, _| None);
+        let chunks = take_cycle_chunks(&mut records, marker.outbox_chunks as usize);
+        let untagged: Vec<Vec<u8>> = chunks.iter().map(|c| c[1..].to_vec()).collect();
+        write_outbox_file(dir.path(), &untagged).unwrap();
+        let legacy = dir.path().join(LEGACY_OUTBOX_FILE);
+        std::fs::rename(dir.path().join(OUTBOX_FILE), &legacy).unwrap();
+        assert_eq!(read_outbox(&store, &marker).unwrap(), events);
+        write_outbox_file(dir.path(), &chunks).unwrap();
+        assert!(!legacy.exists());
+        assert_eq!(read_outbox(&store, &marker).unwrap(), events);
+    }
+
     #[test]
     fn marker_and_outbox_round_trip_and_refuse_a_stale_chunk() {
         let dir = tempfile::tempdir().unwrap();
@@ -530,10 +582,13 @@ mod tests {
             Err(StoreError::Corrupt { .. })
         ));
         // An outbox event naming a route that does not exist (a corrupt
-        // record) is a store error, not an index panic: seq 1, one event,
-        // route 7, partition 0, no key, empty payload.
+        // record) is a store error, not an index panic: format 7, seq 1,
+        // one event, route 7, partition 0, no key, empty payload.
         store
-            .apply(&[(outbox_key(0), Some(vec![1, 1, 7, 0, 0, 0]))], &[])
+            .apply(
+                &[(outbox_key(0), Some(vec![format::FORMAT, 1, 1, 7, 0, 0, 0]))],
+                &[],
+            )
             .unwrap();
         let one = CycleMarker {
             seq: 1,
@@ -545,7 +600,10 @@ mod tests {
             Err(StoreError::Corrupt { .. })
         ));
         store
-            .apply(&[(outbox_key(0), Some(vec![1, 1, 2, 0, 0, 0]))], &[])
+            .apply(
+                &[(outbox_key(0), Some(vec![format::FORMAT, 1, 1, 2, 0, 0, 0]))],
+                &[],
+            )
             .unwrap();
         assert_eq!(read_outbox(&store, &one).unwrap()[0].route, Route::Dlq);
         // A marker that does not decode is a store error, not a panic.

@@ -204,8 +204,9 @@ pub struct Out<'a> {
     pub payload: Option<&'a [u8]>,
     /// Explicit partition; `None` lets the producer's partitioner choose.
     pub partition: Option<i32>,
-    /// The [`ORIGIN_HEADER`] value (output events only).
-    pub origin: Option<&'a str>,
+    /// One header: [`ORIGIN_HEADER`] on output events, the state format's
+    /// on changelog records (`crate::state::format::HEADER`).
+    pub header: Option<(&'a str, &'a [u8])>,
 }
 
 /// Queues one record, waiting while the producer queue is full.
@@ -223,10 +224,10 @@ pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
     if let Some(p) = out.partition {
         rec = rec.partition(p);
     }
-    if let Some(o) = out.origin {
+    if let Some((key, value)) = out.header {
         rec = rec.headers(OwnedHeaders::new().insert(Header {
-            key: ORIGIN_HEADER,
-            value: Some(o),
+            key,
+            value: Some(value),
         }));
     }
     send_waiting(producer, rec).map_err(|e| ServiceError::kafka("produce", e))

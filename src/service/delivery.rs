@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext};
 use rdkafka::producer::Producer;
 
-use super::changelog::{OutEvent, CYCLE_KEY};
-use super::client::{send, Out, Tp};
+use super::changelog::{OutEvent, CHANGELOG_HEADER, CYCLE_KEY};
+use super::client::{send, Out, Tp, ORIGIN_HEADER};
 use super::cycle::{drive, Step, Steps};
 use super::error::{Result, ServiceError};
 use super::reconcile::origin;
@@ -149,7 +149,7 @@ fn send_changelog(s: &mut Session) -> Result<Vec<Tp>> {
                     key: Some(k),
                     payload: v.as_deref(),
                     partition: Some(tp.1),
-                    origin: None,
+                    header: Some(CHANGELOG_HEADER),
                 },
             )?;
         }
@@ -200,7 +200,7 @@ pub fn publish_outboxed(s: &Session, tp: &Tp, seq: u64, idx: u32, ev: &OutEvent)
             key: ev.key.as_deref(),
             payload: Some(&ev.payload),
             partition: Some(ev.partition),
-            origin: Some(&origin(tp, seq, idx)),
+            header: Some((ORIGIN_HEADER, origin(tp, seq, idx).as_bytes())),
         },
     )
 }
@@ -221,7 +221,7 @@ pub fn write_delivered(s: &mut Session, tps: &[Tp]) -> Result<()> {
                 key: Some(CYCLE_KEY),
                 payload: Some(&v),
                 partition: Some(tp.1),
-                origin: None,
+                header: Some(CHANGELOG_HEADER),
             },
         )?;
         sealed.push((tp.clone(), m, v));

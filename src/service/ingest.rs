@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::changelog::OutEvent;
-use super::client::{outbox_partition, send, Out, Tp};
+use super::client::{outbox_partition, send, Out, Tp, ORIGIN_HEADER};
 use super::cycle::holds_events;
 use super::error::Result;
 use super::reconcile::origin;
@@ -97,7 +97,7 @@ impl Session {
                     key,
                     payload: Some(&payload),
                     partition: None,
-                    origin: Some(&origin(tp, seq, idx)),
+                    header: Some((ORIGIN_HEADER, origin(tp, seq, idx).as_bytes())),
                 },
             )
         }

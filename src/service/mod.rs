@@ -30,7 +30,7 @@ mod run;
 mod session;
 mod topics;
 
-pub use changelog::{CycleMarker, CYCLE_KEY};
+pub use changelog::{CycleMarker, CHANGELOG_HEADER, CYCLE_KEY};
 pub use client::{client_config, property, send_waiting, Names, ORIGIN_HEADER};
 pub use error::{Fault, ServiceError};
 pub use run::run;

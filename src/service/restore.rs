@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::changelog::{read_marker, read_outbox, CycleApplier, OutEvent, CHANGELOG_POS};
@@ -28,7 +28,7 @@ use super::error::{Result, ServiceError};
 use super::part::{wait_released, Part};
 use super::reconcile::{undelivered, Cycle};
 use crate::config::Config;
-use crate::state::Store;
+use crate::state::{self, format, Store, StoreError};
 
 /// A restored partition, the keys of changelog records after its last
 /// cycle marker (an interrupted cycle's, never applied), and (outbox mode)
@@ -256,7 +256,23 @@ fn catch_up(
                     continue;
                 };
                 let key = m.key().unwrap_or_default();
-                if let Some(cycle) = appliers[i].push(key, m.payload()) {
+                let value = m
+                    .payload()
+                    .map(|v| state::current_value(key, v, format_header(&m)))
+                    .transpose()
+                    .map_err(|e| {
+                        ServiceError::from(StoreError::Corrupt {
+                            path: stores[i].1.path().to_owned(),
+                            key: key.to_vec(),
+                            why: format!(
+                                "changelog {} [{}] offset {}: {e}",
+                                m.topic(),
+                                m.partition(),
+                                m.offset()
+                            ),
+                        })
+                    })?;
+                if let Some(cycle) = appliers[i].push(key, value.as_deref()) {
                     stores[i]
                         .1
                         .apply(&cycle, &[(CHANGELOG_POS, m.offset() + 1)])?;
@@ -265,6 +281,14 @@ fn catch_up(
         }
     }
     Ok(appliers)
+}
+
+/// A changelog record's state format header, if it has one.
+fn format_header<'a>(m: &'a BorrowedMessage<'_>) -> Option<&'a [u8]> {
+    m.headers()?
+        .iter()
+        .find(|h| h.key == format::HEADER)
+        .and_then(|h| h.value)
 }
 
 /// The changelog partition's high watermark, asked for in tries of half a

@@ -1,12 +1,13 @@
 //! The partition's leaderboard rows in RocksDB (`l` keys): read, and
 //! rebuilt from the series when a directory or a restored changelog holds
-//! rows of an older layout.
+//! rows stored before their squares (`legacy::SQUARES_UNKNOWN`).
 
 use rocksdb::WriteBatch;
 
 use super::keys::*;
+use super::{format, legacy};
 use super::{Store, StoreError};
-use crate::engine::board::{BoardKey, BoardRow, BoardRowV5};
+use crate::engine::board::{BoardKey, BoardRow};
 
 impl Store {
     /// Puts the leaderboard rows computed from every stored series into `wb`
@@ -17,7 +18,7 @@ impl Store {
         for item in self.prefix(b"s") {
             let (k, v) = item?;
             let key = parse_series_key(&k).ok_or_else(|| self.corrupt(&k, "bad series key"))?;
-            let s = decode_series(&v).map_err(|e| self.corrupt(&k, e))?;
+            let s = self.decoded(&k, &v, format::decode_series)?;
             let (bk, row) = crate::engine::board::placement(&key.voter_prompt_id, &s);
             if let Some(row) = row {
                 rows.entry(bk).or_default().add(&row);
@@ -25,7 +26,7 @@ impl Store {
         }
         wb.delete_range(b"l", b"m");
         for (k, row) in &rows {
-            wb.put([&b"l"[..], &enc(k)].concat(), enc(row));
+            wb.put(board_key(k), format::encode_board_row(row));
         }
         Ok(())
     }
@@ -35,24 +36,17 @@ impl Store {
         Ok(self.board_rows()?.0)
     }
 
-    /// The leaderboard rows, and whether one of them was in the layout
-    /// before `score_squares` (a changelog written by an older version,
-    /// restored into this directory): then its squares are unknown.
+    /// The leaderboard rows, and whether one of them was stored before
+    /// `score_squares` (a changelog written by an older version, restored
+    /// into this directory): then its squares are unknown.
     fn board_rows(&self) -> Result<(Vec<(BoardKey, BoardRow)>, bool), StoreError> {
         let mut out = Vec::new();
         let mut old = false;
         for item in self.prefix(b"l") {
             let (k, v) = item?;
-            let key = postcard::from_bytes(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            let row = match postcard::from_bytes::<BoardRow>(&v) {
-                Ok(row) => row,
-                Err(_) => {
-                    old = true;
-                    postcard::from_bytes::<BoardRowV5>(&v)
-                        .map_err(|e| self.corrupt(&k, e))?
-                        .into()
-                }
-            };
+            let key = format::parse_board_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            let row = self.decoded(&k, &v, format::decode_board_row)?;
+            old |= row.score_squares == legacy::SQUARES_UNKNOWN;
             out.push((key, row));
         }
         Ok((out, old))

@@ -3,10 +3,9 @@
 
 use rocksdb::WriteBatch;
 
+use super::format;
 use super::Record;
-use crate::engine::{
-    Change, SeriesKey, SeriesState, SeriesStateV1, SeriesStateV4, SeriesStateV5, SeriesStateV6,
-};
+use crate::engine::{Change, SeriesKey};
 use crate::time::Nanos;
 
 pub const META_KEY: &[u8] = b"m";
@@ -14,11 +13,6 @@ pub const META_KEY: &[u8] = b"m";
 /// Where the identity sweep got to (a `t` key; see [`super::Store::sweep`]), so
 /// that a new process does not walk the tombstones of earlier sweeps.
 pub(super) const SWEEP_KEY: &[u8] = b"w";
-
-/// Serialises a value the way every state record is stored.
-pub fn encode_value<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    enc(v)
-}
 
 pub(super) fn series_key_bytes(k: &SeriesKey) -> Vec<u8> {
     let inf = k.inference_id.as_bytes();
@@ -83,20 +77,6 @@ pub(super) fn voter_prefix(k: &SeriesKey) -> Vec<u8> {
     out
 }
 
-/// A stored series state, in the current layout or an older one: before
-/// `evidence`, before `companion_scores`, before `last_mean_vote`, before `ambiguous` and
-/// `pending` (format ≤ 3). Postcard has no optional trailing fields, so an
-/// old layout fails to decode as a newer one.
-pub fn decode_series(v: &[u8]) -> Result<SeriesState, postcard::Error> {
-    // postcard is not self-describing: an older, shorter record fails to
-    // decode as a newer layout (it ends early), so the newest goes first.
-    postcard::from_bytes::<SeriesState>(v)
-        .or_else(|_| postcard::from_bytes::<SeriesStateV6>(v).map(SeriesState::from))
-        .or_else(|_| postcard::from_bytes::<SeriesStateV5>(v).map(SeriesState::from))
-        .or_else(|_| postcard::from_bytes::<SeriesStateV4>(v).map(SeriesState::from))
-        .or_else(|_| postcard::from_bytes::<SeriesStateV1>(v).map(SeriesState::from))
-}
-
 pub(super) fn parse_series_key(key: &[u8]) -> Option<SeriesKey> {
     let len = u32::from_be_bytes(key.get(1..5)?.try_into().ok()?) as usize;
     let inf = std::str::from_utf8(key.get(5..5 + len)?).ok()?;
@@ -105,6 +85,16 @@ pub(super) fn parse_series_key(key: &[u8]) -> Option<SeriesKey> {
         inference_id: inf.into(),
         voter_prompt_id: vp.into(),
     })
+}
+
+/// `b` key of an open batch.
+pub(super) fn batch_key(k: &crate::engine::BatchKey) -> Vec<u8> {
+    [&b"b"[..], &format::batch_key(k)].concat()
+}
+
+/// `l` key of a leaderboard row.
+pub(super) fn board_key(k: &crate::engine::board::BoardKey) -> Vec<u8> {
+    [&b"l"[..], &format::board_key(k)].concat()
 }
 
 pub(super) fn identity_key(id: u128) -> Vec<u8> {
@@ -122,11 +112,6 @@ pub(super) fn time_index_key(at: Nanos, id: &[u8]) -> Vec<u8> {
     key.extend_from_slice(&((at as u128) ^ (1 << 127)).to_be_bytes());
     key.extend_from_slice(id);
     key
-}
-
-pub(super) fn enc<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    // postcard only fails on writer errors, which a Vec never has.
-    postcard::to_allocvec(v).unwrap_or_default()
 }
 
 /// A record to write: key, and value (`None`: a delete).
@@ -157,35 +142,31 @@ pub(super) fn put_all(wb: &mut WriteBatch, puts: &[Put<'_>]) {
 /// The records of one change, appended to `out`.
 pub(super) fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
     let record = match c {
-        Change::Series(k, s) => (series_key_bytes(k), Some(enc(s))),
-        Change::Batch(k, b) => {
-            let mut key = vec![b'b'];
-            key.extend_from_slice(&enc(k));
-            (key, b.map(enc))
-        }
+        Change::Series(k, s) => (series_key_bytes(k), Some(format::encode_series(s))),
+        Change::Batch(k, b) => (batch_key(k), b.map(format::encode_batch)),
         Change::Dedupe(id, at, replaced) => {
             let key = identity_key(id);
             if let Some(old) = replaced {
                 // Before the put: the same vote time indexes it again.
                 out.push((time_index_key(old, &key[1..]), None));
             }
-            (key, Some(at.to_le_bytes().to_vec()))
+            (key, Some(format::encode_identity(at)))
         }
-        Change::Meta(m) => (META_KEY.to_vec(), Some(enc(m))),
+        Change::Meta(m) => (META_KEY.to_vec(), Some(format::encode_meta(m))),
         Change::Voter(k, voter) => {
             let mut key = voter_prefix(k);
             key.extend_from_slice(voter.as_bytes());
             (key, Some(Vec::new()))
         }
-        Change::Board(k, row) => {
-            let mut key = vec![b'l'];
-            key.extend_from_slice(&enc(k));
-            (key, row.map(enc))
-        }
-        Change::Agreement(rubric, sums) => {
-            ([&b"g"[..], rubric.as_bytes()].concat(), Some(enc(sums)))
-        }
-        Change::Reviewer((rubric, voter), stats) => (reviewer_key(rubric, voter), Some(enc(stats))),
+        Change::Board(k, row) => (board_key(k), row.map(format::encode_board_row)),
+        Change::Agreement(rubric, sums) => (
+            [&b"g"[..], rubric.as_bytes()].concat(),
+            Some(format::encode_rubric_sums(sums)),
+        ),
+        Change::Reviewer((rubric, voter), stats) => (
+            reviewer_key(rubric, voter),
+            Some(format::encode_reviewer(stats)),
+        ),
     };
     out.push(record);
 }

@@ -10,6 +10,9 @@
 //! series and identities are read when a vote needs them
 //! ([`Store::provide`]).
 //!
+//! How values are stored, and which format wrote them, is [`format`]'s
+//! (formats before 7 are read by `legacy` only, to upgrade them).
+//!
 //! Key layout (first byte is the record kind):
 //! - `m`                         → [`Meta`]
 //! - `s` len(inf) inf vp         → [`SeriesState`] (prefix-scannable by inference)
@@ -39,11 +42,14 @@ use crate::time::Nanos;
 
 mod board;
 mod bulk;
+pub mod format;
 mod keys;
+mod legacy;
 mod query;
 pub use bulk::BulkWrite;
+pub use format::{decode_value, encode_value, FormatError};
+pub use keys::META_KEY;
 use keys::*;
-pub use keys::{decode_series, encode_value, META_KEY};
 
 /// A state-store failure. All of them are fatal for the partition: the
 /// process stops without committing anything partial.
@@ -78,15 +84,20 @@ pub type Record = (Vec<u8>, Option<Vec<u8>>);
 /// Position name marking a bulk write in progress (see [`Store::begin_bulk`]).
 const INCOMPLETE: &str = "incomplete_write";
 
-/// Position name of the key layout version; 2 added the `t` index, 3 keeps
-/// only current entries in it, 4 added the leaderboard (`l`), the voters
-/// (`v`) and the series' `ambiguous` and `pending`, 5 the agreement sums
-/// (`g`) and reviewers (`r`), which start empty in an older directory (its
-/// votes are gone), 6 the series' evidence (read from older series
-/// records as they are, see `SeriesStateV6`) and the rows' sums of squared
-/// scores (the rows are rebuilt from the series).
-const FORMAT: &str = "format";
-const FORMAT_VERSION: i64 = 6;
+/// Position name of the directory's format ([`format::FORMAT`] once
+/// upgraded; history in [`format`]). What an upgrade from each does, at
+/// open ([`Store::upgrade`]): below 7 every value gets its format byte
+/// (`legacy`); below 3 the `t` index is rebuilt (format 2 could leave an
+/// entry behind); below 6 the leaderboard rows are rebuilt from the series
+/// (4 added them, 6 their squares); the agreement sums and reviewers (5)
+/// start empty (the votes before are gone).
+const FORMAT_POS: &str = "format";
+const FORMAT_VERSION: i64 = format::FORMAT as i64;
+
+/// Position name of how far the upgrade to format 7 got (the last key
+/// rewritten; raw bytes, not a number), so that an interrupted upgrade
+/// resumes instead of reading tagged values as untagged ones.
+const UPGRADING_POS: &str = "upgrading";
 
 /// Most identities one [`Store::sweep`] call forgets (bounds a cycle's work).
 pub const SWEEP_LIMIT: usize = 10_000;
@@ -219,6 +230,9 @@ pub struct Store {
     /// Whether a write skipped the write-ahead log (see
     /// [`Store::finish_bulk`]).
     unlogged: std::sync::atomic::AtomicBool,
+    /// A read-only look into a directory of a format before 7, which it
+    /// cannot upgrade: values are read through `legacy`.
+    legacy: bool,
 }
 
 impl Store {
@@ -246,9 +260,11 @@ impl Store {
             sweep_from: std::sync::Mutex::new(b"t".to_vec()),
             time_index: !temporary,
             unlogged: false.into(),
+            legacy: false,
         };
         store.upgrade()?;
-        if let Some(from) = store.get(SWEEP_KEY)? {
+        if let Some(v) = store.get(SWEEP_KEY)? {
+            let from = store.decoded(SWEEP_KEY, &v, format::decode_sweep)?;
             *store.sweep_from.lock().unwrap_or_else(|p| p.into_inner()) = from;
         }
         Ok(store)
@@ -262,13 +278,16 @@ impl Store {
                 path: path.to_owned(),
                 source,
             })?;
-        Ok(Store {
+        let mut store = Store {
             db,
             path: path.to_owned(),
             sweep_from: std::sync::Mutex::new(b"t".to_vec()),
             time_index: true,
             unlogged: false.into(),
-        })
+            legacy: false,
+        };
+        store.legacy = store.position(FORMAT_POS)?.unwrap_or(0) < FORMAT_VERSION;
+        Ok(store)
     }
 
     pub fn path(&self) -> &Path {
@@ -296,46 +315,110 @@ impl Store {
         }
     }
 
-    /// Brings a directory written before the `t` index up to date (one pass
-    /// over its identities, once).
+    /// Brings a directory of an earlier format to this one, once (see
+    /// [`FORMAT_POS`]); refuses one of a later format.
     fn upgrade(&self) -> Result<(), StoreError> {
-        let format = self.position(FORMAT)?.unwrap_or(0);
-        if format >= FORMAT_VERSION {
+        let format = self.position(FORMAT_POS)?.unwrap_or(0);
+        if format > FORMAT_VERSION {
+            return Err(self.corrupt(
+                &position_key(FORMAT_POS),
+                format!(
+                    "the directory is in format {format}, written by a newer version; \
+                     this one reads formats up to {FORMAT_VERSION}"
+                ),
+            ));
+        }
+        if format == FORMAT_VERSION {
             return Ok(());
         }
-        if format >= 3 {
-            // The leaderboard (new in 4, with squares in 6) is built from
-            // the series, once; the agreement rows (5) start empty.
-            let mut wb = WriteBatch::default();
-            self.rebuild_board(&mut wb)?;
-            wb.put(position_key(FORMAT), FORMAT_VERSION.to_le_bytes());
-            return self.db.write(wb).map_err(|e| self.rocks(e));
-        }
-        // Format 2 could leave an index entry behind when an identity was
-        // accepted again; the index is rebuilt from the identities.
+        let tagged = self.tag_values()?;
         let mut wb = WriteBatch::default();
-        wb.delete_range(b"t", b"u");
-        wb.delete(SWEEP_KEY);
-        let mut n = 0u64;
-        for item in self.prefix(b"d") {
-            let (k, v) = item?;
-            let at = self.identity_time(&k, &v)?;
-            wb.put(time_index_key(at, &k[1..]), []);
-            n += 1;
-            if wb.len() >= 50_000 {
-                self.db
-                    .write(std::mem::take(&mut wb))
-                    .map_err(|e| self.rocks(e))?;
+        let mut indexed = 0u64;
+        if format < 3 {
+            // Format 2 could leave an index entry behind when an identity
+            // was accepted again; the index is rebuilt from the identities.
+            wb.delete_range(b"t", b"u");
+            wb.delete(SWEEP_KEY);
+            for item in self.prefix(b"d") {
+                let (k, v) = item?;
+                let at = self.identity_time(&k, &v)?;
+                wb.put(time_index_key(at, &k[1..]), []);
+                indexed += 1;
+                if wb.len() >= 50_000 {
+                    self.write(std::mem::take(&mut wb))?;
+                }
             }
         }
-        self.rebuild_board(&mut wb)?;
-        wb.put(position_key(FORMAT), FORMAT_VERSION.to_le_bytes());
-        self.db.write(wb).map_err(|e| self.rocks(e))?;
-        if n > 0 {
-            tracing::info!(path = %self.path.display(), identities = n,
-                "state directory upgraded: vote identities indexed by vote time");
+        if format < 6 {
+            self.rebuild_board(&mut wb)?;
+        }
+        wb.put(position_key(FORMAT_POS), FORMAT_VERSION.to_le_bytes());
+        wb.delete(position_key(UPGRADING_POS));
+        self.write(wb)?;
+        if tagged > 0 {
+            tracing::info!(path = %self.path.display(), from = format, to = FORMAT_VERSION,
+                records = tagged, identities_indexed = indexed, "state directory upgraded");
         }
         Ok(())
+    }
+
+    /// Rewrites every value of an untagged directory (format < 7) in the
+    /// current format, in key order, in writes of 50 000 that each record
+    /// the last key done ([`UPGRADING_POS`]), where an interrupted upgrade
+    /// resumes. Returns how many values it rewrote.
+    fn tag_values(&self) -> Result<u64, StoreError> {
+        let done = self.get(&position_key(UPGRADING_POS))?;
+        let mut opts = ReadOptions::default();
+        opts.set_total_order_seek(true);
+        let mode = match &done {
+            Some(k) => IteratorMode::From(k, Direction::Forward),
+            None => IteratorMode::Start,
+        };
+        let mut wb = WriteBatch::default();
+        let mut n = 0u64;
+        for item in self.db.iterator_opt(mode, opts) {
+            let (k, v) = item.map_err(|e| self.rocks(e))?;
+            // Positions and the time index are local and carry no format
+            // byte; the key `done` names is already rewritten.
+            if matches!(k.first(), Some(b'p' | b't'))
+                || v.is_empty()
+                || done.as_deref() == Some(&k[..])
+            {
+                continue;
+            }
+            let value = legacy::upgrade(&k, &v).map_err(|e| self.corrupt(&k, e))?;
+            wb.put(&k, value);
+            n += 1;
+            if wb.len() >= 50_000 {
+                wb.put(position_key(UPGRADING_POS), &k);
+                self.write(std::mem::take(&mut wb))?;
+            }
+        }
+        self.write(wb)?;
+        Ok(n)
+    }
+
+    fn write(&self, wb: WriteBatch) -> Result<(), StoreError> {
+        self.db.write(wb).map_err(|e| self.rocks(e))
+    }
+
+    /// `v`, stored under `key`, decoded by `f` (a `format::decode_…`).
+    /// A read-only look into a directory not upgraded yet reads its values
+    /// through `legacy`.
+    fn decoded<T>(
+        &self,
+        key: &[u8],
+        v: &[u8],
+        f: fn(&[u8]) -> Result<T, FormatError>,
+    ) -> Result<T, StoreError> {
+        let upgraded;
+        let v = if self.legacy {
+            upgraded = legacy::upgrade(key, v).map_err(|e| self.corrupt(key, e))?;
+            &upgraded[..]
+        } else {
+            v
+        };
+        f(v).map_err(|e| self.corrupt(key, e))
     }
 
     /// Turns the engine's pending changes into records, appended to `out`,
@@ -363,7 +446,7 @@ impl Store {
             .collect();
         self.multi_get(&keys, |i, v| {
             let stats = v
-                .map(|v| postcard::from_bytes(v).map_err(|e| self.corrupt(&keys[i], e)))
+                .map(|v| self.decoded(&keys[i], v, format::decode_reviewer))
                 .transpose()?;
             engine.provide_reviewer(&wanted[i], stats);
             Ok(())
@@ -376,7 +459,7 @@ impl Store {
         for item in self.prefix(b"g") {
             let (k, v) = item?;
             let rubric = std::str::from_utf8(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            let sums = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            let sums = self.decoded(&k, &v, format::decode_rubric_sums)?;
             out.push((rubric.to_owned(), sums));
         }
         Ok(out)
@@ -423,10 +506,7 @@ impl Store {
     }
 
     fn identity_time(&self, key: &[u8], v: &[u8]) -> Result<Nanos, StoreError> {
-        let at: [u8; 16] = v
-            .try_into()
-            .map_err(|_| self.corrupt(key, "bad dedupe value"))?;
-        Ok(Nanos::from_le_bytes(at))
+        self.decoded(key, v, format::decode_identity)
     }
 
     /// Writes `records` and the `positions` in one atomic batch (with the
@@ -477,7 +557,7 @@ impl Store {
         let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
         let lower = earliest.filter(|t| *t < *from);
         if let Some(t) = &lower {
-            wb.put(SWEEP_KEY, t);
+            wb.put(SWEEP_KEY, format::encode_sweep(t));
         }
         self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
         if let Some(t) = lower {
@@ -525,15 +605,15 @@ impl Store {
             ));
         }
         let meta = match self.get(META_KEY)? {
-            Some(v) => postcard::from_bytes(&v).map_err(|e| self.corrupt(META_KEY, e))?,
+            Some(v) => self.decoded(META_KEY, &v, format::decode_meta)?,
             None => Meta::default(),
         };
         let mut batches = Vec::new();
         let mut series = Vec::new();
         for item in self.prefix(b"b") {
             let (k, v) = item?;
-            let key: BatchKey = postcard::from_bytes(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            let b: Batch = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            let key = format::parse_batch_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            let b = self.decoded(&k, &v, format::decode_batch)?;
             if series
                 .last()
                 .is_none_or(|(s, _): &(SeriesKey, _)| *s != key.series)
@@ -542,7 +622,7 @@ impl Store {
                 let state = self
                     .get(&sk)?
                     .ok_or_else(|| self.corrupt(&sk, "an open batch's series is missing"))?;
-                let state = decode_series(&state).map_err(|e| self.corrupt(&sk, e))?;
+                let state = self.decoded(&sk, &state, format::decode_series)?;
                 series.push((key.series.clone(), state));
             }
             batches.push((key, b));
@@ -596,7 +676,7 @@ impl Store {
         self.multi_get(&keys, |i, v| {
             match v {
                 Some(v) => {
-                    let state = decode_series(v).map_err(|e| self.corrupt(&keys[i], e))?;
+                    let state = self.decoded(&keys[i], v, format::decode_series)?;
                     loaded.series.push((series[i].clone(), Some(state)));
                 }
                 None => {
@@ -673,9 +753,24 @@ impl Store {
         };
         if next > *from {
             *from = next.clone();
-            out.push((SWEEP_KEY.to_vec(), Some(next)));
+            out.push((SWEEP_KEY.to_vec(), Some(format::encode_sweep(&next))));
         }
         Ok(out)
+    }
+}
+
+/// A changelog record's value in this build's format: as it is when its
+/// format header ([`format::HEADER`]) says it is tagged, else (a record a
+/// build before format 7 wrote, untagged) rewritten by `legacy`.
+pub fn current_value<'a>(
+    key: &[u8],
+    value: &'a [u8],
+    header: Option<&[u8]>,
+) -> Result<std::borrow::Cow<'a, [u8]>, FormatError> {
+    if format::changelog_is_tagged(header)? {
+        Ok(std::borrow::Cow::Borrowed(value))
+    } else {
+        legacy::upgrade(key, value).map(std::borrow::Cow::Owned)
     }
 }
 

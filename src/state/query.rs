@@ -12,7 +12,7 @@ impl Store {
         let mut out = Vec::new();
         self.multi_get(&keys, |i, v| {
             if let Some(v) = v {
-                let stats = postcard::from_bytes(v).map_err(|e| self.corrupt(&keys[i], e))?;
+                let stats = self.decoded(&keys[i], v, format::decode_reviewer)?;
                 out.push((rubrics[i].clone(), stats));
             }
             Ok(())
@@ -28,7 +28,7 @@ impl Store {
         for item in self.prefix(&prefix) {
             let (k, v) = item?;
             let voter = std::str::from_utf8(&k[prefix.len()..]).map_err(|e| self.corrupt(&k, e))?;
-            let stats = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+            let stats = self.decoded(&k, &v, format::decode_reviewer)?;
             out.push((voter.to_owned(), stats));
         }
         Ok(out)
@@ -96,7 +96,7 @@ impl Store {
             if &*key.inference_id != inference_id {
                 continue;
             }
-            let s = decode_series(&v).map_err(|e| self.corrupt(&k, e))?;
+            let s = self.decoded(&k, &v, format::decode_series)?;
             out.push((key, s));
         }
         Ok(out)
@@ -107,9 +107,9 @@ impl Store {
         let mut out = Vec::new();
         for item in self.prefix(b"b") {
             let (k, v) = item?;
-            let key: BatchKey = postcard::from_bytes(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            let key = format::parse_batch_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
             if &*key.series.inference_id == inference_id {
-                let b: Batch = postcard::from_bytes(&v).map_err(|e| self.corrupt(&k, e))?;
+                let b = self.decoded(&k, &v, format::decode_batch)?;
                 out.push((key, b));
             }
         }

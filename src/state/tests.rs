@@ -16,7 +16,12 @@ fn series_keys_round_trip_and_prefix_by_inference() {
 }
 
 fn id_record(id: u128, at: Nanos) -> Record {
-    (identity_key(id), Some(at.to_le_bytes().to_vec()))
+    (identity_key(id), Some(format::encode_identity(at)))
+}
+
+/// An untagged (format ≤ 6) series record, read as the upgrade reads it.
+fn legacy_series(bytes: &[u8]) -> SeriesState {
+    format::decode_series(&legacy::upgrade(b"s", bytes).unwrap()).unwrap()
 }
 
 fn keys(store: &Store, prefix: &[u8]) -> usize {
@@ -60,7 +65,7 @@ fn sweep_forgets_identities_past_the_horizon_and_keeps_reused_ones() {
         vec![
             (identity_key(1), None),
             (t1, None),
-            (SWEEP_KEY.to_vec(), Some(h50.clone()))
+            (SWEEP_KEY.to_vec(), Some(format::encode_sweep(&h50)))
         ]
     );
     store.apply(&swept, &[]).unwrap();
@@ -87,19 +92,20 @@ fn an_old_directory_gets_its_time_index_rebuilt_once() {
         let store = Store::open(dir.path()).unwrap();
         // As a format-2 directory: 2 was accepted again and its old index
         // entry stayed behind; 1 has no entry at all (format 1).
+        // (Untagged values, as formats before 7 stored them.)
         let mut wb = WriteBatch::default();
-        for (k, v) in [id_record(1, 10), id_record(2, 90)] {
-            wb.put(k, v.unwrap());
+        for (id, at) in [(1u128, 10i128), (2, 90)] {
+            wb.put(identity_key(id), at.to_le_bytes());
         }
         wb.put(time_index_key(20, &identity_key(2)[1..]), []);
         wb.put(time_index_key(90, &identity_key(2)[1..]), []);
-        wb.put(position_key(FORMAT), 2i64.to_le_bytes());
+        wb.put(position_key(FORMAT_POS), 2i64.to_le_bytes());
         store.db.write(wb).unwrap();
         assert_eq!(keys(&store, b"t"), 2);
     }
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(keys(&store, b"t"), 2);
-    assert_eq!(store.position(FORMAT).unwrap(), Some(FORMAT_VERSION));
+    assert_eq!(store.position(FORMAT_POS).unwrap(), Some(FORMAT_VERSION));
     // Only 1 is past 50: 2's stale entry (20) is gone.
     let swept = store.sweep(50, usize::MAX).unwrap();
     assert_eq!(swept.len(), 3);
@@ -205,8 +211,8 @@ fn identities_of_a_series_born_here_are_read_only_after_an_eviction() {
     assert!(matches!(o, crate::engine::Outcome::Accepted));
 }
 
-/// Series records of every earlier layout still decode (postcard is not
-/// self-describing; `decode_series` tries the newest layout first).
+/// Untagged series records of every earlier layout still decode (postcard
+/// is not self-describing; `legacy` tries the newest layout first).
 #[test]
 fn series_records_of_earlier_layouts_decode() {
     #[derive(serde::Serialize)]
@@ -223,7 +229,7 @@ fn series_records_of_earlier_layouts_decode() {
         abstentions: 1,
         votes: 5,
     };
-    let s = super::decode_series(&postcard::to_allocvec(&v1).unwrap()).unwrap();
+    let s = legacy_series(&postcard::to_allocvec(&v1).unwrap());
     assert_eq!(
         (s.score, s.update_seq, s.votes, s.ambiguous),
         (0.25, 3, 5, false)
@@ -234,7 +240,7 @@ fn series_records_of_earlier_layouts_decode() {
         ambiguous: true,
         pending: 2,
     };
-    let s = super::decode_series(&postcard::to_allocvec(&v4).unwrap()).unwrap();
+    let s = legacy_series(&postcard::to_allocvec(&v4).unwrap());
     assert_eq!((s.ambiguous, s.pending, s.last_mean_vote), (true, 2, None));
     assert_eq!(s.model_id.as_deref(), Some("m"));
     #[derive(serde::Serialize)]
@@ -246,7 +252,7 @@ fn series_records_of_earlier_layouts_decode() {
         v4,
         last_mean_vote: Some(0.5),
     };
-    let s = super::decode_series(&postcard::to_allocvec(&v5).unwrap()).unwrap();
+    let s = legacy_series(&postcard::to_allocvec(&v5).unwrap());
     assert_eq!((s.pending, s.last_mean_vote), (2, Some(0.5)));
     assert!(s.companion_scores.is_empty());
     // Format ≤ 5 (before the evidence): a scored series is read as one
@@ -260,21 +266,19 @@ fn series_records_of_earlier_layouts_decode() {
         v5,
         companion_scores: vec![0.3],
     };
-    let s = super::decode_series(&postcard::to_allocvec(&v6).unwrap()).unwrap();
+    let s = legacy_series(&postcard::to_allocvec(&v6).unwrap());
     assert_eq!((s.update_seq, &*s.companion_scores), (3, &[0.3][..]));
     assert_eq!(s.evidence, Evidence { v: 1.0, q: 1.0 });
     assert_eq!(s.evidence.effective_votes(), Some(1.0));
     assert!(s.companion_evidence.is_empty());
-    let unscored =
-        super::decode_series(&postcard::to_allocvec(&SeriesStateV1Fixture::default()).unwrap())
-            .unwrap();
+    let unscored = legacy_series(&postcard::to_allocvec(&SeriesStateV1Fixture::default()).unwrap());
     assert_eq!(unscored.evidence, Evidence::default());
     let mut now = s.clone();
     now.last_mean_vote = Some(0.75);
     now.companion_scores = vec![0.1, 0.2].into();
     now.evidence = Evidence { v: 0.9, q: 0.2 };
     now.companion_evidence = vec![Evidence { v: 0.5, q: 0.1 }; 2].into();
-    let back = super::decode_series(&postcard::to_allocvec(&now).unwrap()).unwrap();
+    let back = format::decode_series(&format::encode_series(&now)).unwrap();
     assert_eq!(back, now);
 }
 
@@ -310,17 +314,22 @@ fn a_format_5_directory_gets_leaderboard_squares() {
         model_id: Some("m".into()),
         voter_prompt_id: "r".into(),
     };
-    let old_row = |wb: &mut WriteBatch| {
+    // Untagged, as format 5 stored it; or as a restore of such a changelog
+    // record stores it now.
+    let old_row = |wb: &mut WriteBatch, restored: bool| {
         let row = RowV5 {
             series: 2,
             score_sum: fixed(0.2) + fixed(0.6),
             ambiguous: 0,
             votes: 4,
         };
-        wb.put(
-            [&b"l"[..], &enc(&key)].concat(),
-            postcard::to_allocvec(&row).unwrap(),
-        );
+        let k = board_key(&key);
+        let v = postcard::to_allocvec(&row).unwrap();
+        if restored {
+            wb.put(&k, current_value(&k, &v, None).unwrap());
+        } else {
+            wb.put(&k, v);
+        }
     };
     let want_squares = fixed_square(0.2) + fixed_square(0.6);
     let dir = tempfile::tempdir().unwrap();
@@ -330,12 +339,12 @@ fn a_format_5_directory_gets_leaderboard_squares() {
         for (k, v) in [series("a", 0.2), series("b", 0.6)] {
             wb.put(k, v);
         }
-        old_row(&mut wb);
-        wb.put(position_key(FORMAT), 5i64.to_le_bytes());
+        old_row(&mut wb, false);
+        wb.put(position_key(FORMAT_POS), 5i64.to_le_bytes());
         store.db.write(wb).unwrap();
     }
     let store = Store::open(dir.path()).unwrap();
-    assert_eq!(store.position(FORMAT).unwrap(), Some(FORMAT_VERSION));
+    assert_eq!(store.position(FORMAT_POS).unwrap(), Some(FORMAT_VERSION));
     let board = store.board().unwrap();
     assert_eq!(board.len(), 1);
     assert_eq!(
@@ -347,9 +356,12 @@ fn a_format_5_directory_gets_leaderboard_squares() {
 
     // An old-layout row written after the upgrade (a restored changelog).
     let mut wb = WriteBatch::default();
-    old_row(&mut wb);
+    old_row(&mut wb, true);
     store.db.write(wb).unwrap();
-    assert_eq!(store.board().unwrap()[0].1.score_squares, 0);
+    assert_eq!(
+        store.board().unwrap()[0].1.score_squares,
+        legacy::SQUARES_UNKNOWN
+    );
     let cfg = crate::config::Config::load(None).unwrap().engine();
     let (engine, _) = store.load(cfg).unwrap();
     let rows: Vec<_> = engine.board().iter().collect();
@@ -441,10 +453,7 @@ fn prefix_filters_find_every_inference_in_memtables_and_files() {
                 inference_id: id.as_str().into(),
                 voter_prompt_id: "r".into(),
             };
-            records.push((
-                series_key_bytes(&k),
-                Some(postcard::to_allocvec(&state).unwrap()),
-            ));
+            records.push((series_key_bytes(&k), Some(format::encode_series(&state))));
             records.push(([voter_prefix(&k), b"v".to_vec()].concat(), Some(Vec::new())));
         }
         store.apply(&records, &[]).unwrap();
@@ -509,4 +518,191 @@ struct SeriesStateV1Fixture {
     update_seq: u64,
     abstentions: u64,
     votes: u64,
+}
+
+/// Every value the store writes starts with its format byte; a value of a
+/// format this build does not know is refused, never guessed.
+#[test]
+fn values_carry_their_format_and_unknown_ones_are_refused() {
+    use crate::engine::agreement::{ReviewerStats, RubricSums};
+    use crate::engine::board::BoardRow;
+    let cfg = crate::config::Config::load(None).unwrap().engine();
+    let mut s = SeriesState::new(Some("model"), &cfg);
+    s.update_seq = 2;
+    s.last_vote_at = Some(-5);
+    s.companion_scores = vec![0.25, 0.5].into();
+    s.evidence = Evidence { v: 0.5, q: 0.25 };
+    s.companion_evidence = vec![Evidence { v: 0.1, q: 0.2 }; 2].into();
+    let v = format::encode_series(&s);
+    assert_eq!(v[0], format::FORMAT);
+    assert_eq!(format::decode_series(&v).unwrap(), s);
+    let mut newer = v.clone();
+    newer[0] = format::FORMAT + 1;
+    assert!(matches!(
+        format::decode_series(&newer),
+        Err(FormatError::Unknown(8))
+    ));
+    assert!(matches!(
+        format::decode_series(&[]),
+        Err(FormatError::Empty)
+    ));
+    assert!(matches!(
+        format::decode_series(&v[..v.len() - 1]),
+        Err(FormatError::Layout { format: 7, .. })
+    ));
+
+    let entry = crate::engine::Entry {
+        voter_id: "rev".into(),
+        vote_id: "vote-1".into(),
+        value: Some(0.75),
+        weight: 1.5,
+        timestamp: 1_700_000_000_000_000_001,
+        inference_time: None,
+        live: true,
+    };
+    let b = Batch::stored(vec![entry.clone(), entry], 2);
+    let back = format::decode_batch(&format::encode_batch(&b)).unwrap();
+    assert_eq!((back.entries, back.counted), (b.entries, 2));
+    let m = Meta {
+        watermark: Some(-3),
+        next_batch_seq: 9,
+        swept_before: None,
+    };
+    assert_eq!(format::decode_meta(&format::encode_meta(&m)).unwrap(), m);
+    assert_eq!(
+        format::decode_identity(&format::encode_identity(-7)).unwrap(),
+        -7
+    );
+    let row = BoardRow {
+        series: 3,
+        score_sum: -1 << 70,
+        ambiguous: 1,
+        votes: 7,
+        score_squares: 1 << 90,
+    };
+    assert_eq!(
+        format::decode_board_row(&format::encode_board_row(&row)).unwrap(),
+        row
+    );
+    let sums = RubricSums {
+        units: 1,
+        pairable: 2,
+        sum: 3,
+        square_sum: 4,
+        within: 5,
+    };
+    assert_eq!(
+        format::decode_rubric_sums(&format::encode_rubric_sums(&sums)).unwrap(),
+        sums
+    );
+    let r = ReviewerStats {
+        rated: 4,
+        sq_dev: 1 << 66,
+    };
+    assert_eq!(
+        format::decode_reviewer(&format::encode_reviewer(&r)).unwrap(),
+        r
+    );
+}
+
+/// The format-7 layouts are format 6's with the format byte in front: an
+/// untagged record of every kind upgrades to exactly what this build
+/// writes for the same value.
+#[test]
+fn untagged_records_upgrade_to_what_this_build_writes() {
+    let cfg = crate::config::Config::load(None).unwrap().engine();
+    let mut s = SeriesState::new(Some("model"), &cfg);
+    s.update_seq = 1;
+    s.evidence = Evidence { v: 0.5, q: 0.25 };
+    let tagged = format::encode_series(&s);
+    assert_eq!(legacy::upgrade(b"s", &tagged[1..]).unwrap(), tagged);
+    let at = format::encode_identity(42);
+    assert_eq!(legacy::upgrade(b"d", &42i128.to_le_bytes()).unwrap(), at);
+    let meta = format::encode_meta(&Meta::default());
+    assert_eq!(legacy::upgrade(META_KEY, &meta[1..]).unwrap(), meta);
+    assert!(legacy::upgrade(b"v", b"").unwrap().is_empty());
+    // A changelog record: as it is with the header, upgraded without.
+    assert_eq!(
+        &*current_value(b"s", &tagged, Some(format::HEADER_VALUE)).unwrap(),
+        &tagged[..]
+    );
+    assert_eq!(
+        &*current_value(b"s", &tagged[1..], None).unwrap(),
+        &tagged[..]
+    );
+    assert!(matches!(
+        current_value(b"s", &tagged, Some(b"8")),
+        Err(FormatError::Header(_))
+    ));
+}
+
+/// An upgrade stopped halfway (a crash) resumes after the last key it
+/// recorded: values before it are not upgraded twice.
+#[test]
+fn an_interrupted_upgrade_resumes_where_it_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        let db = DB::open(&opts, dir.path()).unwrap();
+        db.put(identity_key(1), format::encode_identity(10))
+            .unwrap();
+        db.put(identity_key(2), 20i128.to_le_bytes()).unwrap();
+        db.put(identity_key(3), 30i128.to_le_bytes()).unwrap();
+        db.put(position_key(FORMAT_POS), 6i64.to_le_bytes())
+            .unwrap();
+        db.put(position_key(UPGRADING_POS), identity_key(1))
+            .unwrap();
+    }
+    let store = Store::open(dir.path()).unwrap();
+    for id in 1..=3u128 {
+        let v = store.get(&identity_key(id)).unwrap().unwrap();
+        assert_eq!(format::decode_identity(&v).unwrap(), id as i128 * 10);
+    }
+    assert_eq!(store.position(FORMAT_POS).unwrap(), Some(FORMAT_VERSION));
+    assert_eq!(store.get(&position_key(UPGRADING_POS)).unwrap(), None);
+    // Format 6 kept its index: the upgrade did not rebuild it.
+    assert!(store.prefix(b"t").next().is_none());
+}
+
+/// A directory a later version wrote is refused with a message that says
+/// so, and left as it is.
+#[test]
+fn a_directory_of_a_later_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    Store::open(dir.path())
+        .unwrap()
+        .apply(&[], &[(FORMAT_POS, FORMAT_VERSION + 1)])
+        .unwrap();
+    let e = Store::open(dir.path()).err().expect("refused");
+    assert!(e.to_string().contains("newer version"), "{e}");
+}
+
+/// `inspect` opens read-only, so it cannot upgrade: it reads an older
+/// directory's untagged values as they are.
+#[test]
+fn a_read_only_look_reads_a_directory_not_upgraded() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = SeriesKey {
+        inference_id: "old-1".into(),
+        voter_prompt_id: "r".into(),
+    };
+    {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        let db = DB::open(&opts, dir.path()).unwrap();
+        let v1 = SeriesStateV1Fixture {
+            score: 0.75,
+            update_seq: 1,
+            ..Default::default()
+        };
+        db.put(series_key_bytes(&k), postcard::to_allocvec(&v1).unwrap())
+            .unwrap();
+        db.put(position_key(FORMAT_POS), 6i64.to_le_bytes())
+            .unwrap();
+    }
+    let store = Store::open_read_only(dir.path()).unwrap();
+    let series = store.series_of("old-1").unwrap();
+    assert_eq!(series.len(), 1);
+    assert_eq!((series[0].1.score, series[0].1.update_seq), (0.75, 1));
 }

@@ -1,0 +1,396 @@
+//! The stored format of state records, owned here and nowhere else: the
+//! engine hands plain structs to the store and knows nothing of bytes.
+//!
+//! **Values.** Every value RocksDB or the changelog holds is either empty
+//! (the key is the whole record: `t`, `v`) or starts with the number of
+//! the format that wrote it ([`FORMAT`]), followed by the record's postcard
+//! layout in that format. A reader picks the layout from that byte and
+//! never guesses; a value whose byte it does not know is a corrupt record
+//! (a newer build wrote it: formats only move forward, docs/decisions.md).
+//! Local positions (`p` keys) are fixed 8-byte integers and carry no byte:
+//! they are never sent anywhere, and `p:format` is what says how the rest
+//! of a directory is stored.
+//!
+//! **Keys** never change layout: a new layout would be a new kind byte.
+//! Batch (`b`) and leaderboard (`l`) keys are postcard of the fields below.
+//!
+//! **Changelog records** carry the format in a header ([`HEADER`]) as well;
+//! a record without it was written by a build before format 7 (untagged,
+//! read by [`super::legacy`]). A directory below format 7 is rewritten to
+//! this format once, when it is opened ([`super::Store::open`]).
+//!
+//! Format history (each is still read): 1–3 the first series layout, 4 the
+//! leaderboard and the series' `ambiguous`/`pending`, 5 agreement sums
+//! and reviewers, `last_mean_vote` and companion scores, 6 the evidence and
+//! the leaderboard's squares (all untagged, [`super::legacy`]); 7 the
+//! format byte on every value, same layouts as 6.
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize, Serializer};
+use thiserror::Error;
+
+use crate::engine::agreement::{ReviewerStats, RubricSums};
+use crate::engine::board::{BoardKey, BoardRow};
+use crate::engine::score::Evidence;
+use crate::engine::{Batch, BatchKey, Entry, Meta, SeriesKey, SeriesState};
+use crate::input::Id;
+use crate::time::Nanos;
+
+/// The format this build writes.
+pub const FORMAT: u8 = 7;
+
+/// Changelog record header naming the format of its value (ASCII decimal).
+pub const HEADER: &str = "jurystream-format";
+
+/// [`FORMAT`] as the header's value.
+pub const HEADER_VALUE: &[u8] = b"7";
+
+/// A value this build cannot read.
+#[derive(Debug, Error)]
+pub enum FormatError {
+    #[error("empty value where a record was expected")]
+    Empty,
+    #[error("written in format {0}, which this build does not know (written by a newer version?)")]
+    Unknown(u8),
+    #[error("does not match the format-{format} layout: {source}")]
+    Layout {
+        format: u8,
+        #[source]
+        source: postcard::Error,
+    },
+    #[error("identity value is not 16 bytes")]
+    Identity,
+    #[error("changelog header {HEADER} = {0:?} is not a format this build knows")]
+    Header(String),
+}
+
+/// A value in the current format: the format byte, then `layout`.
+fn encode<T: Serialize + ?Sized>(layout: &T) -> Vec<u8> {
+    // postcard only fails on writer errors, which a Vec never has.
+    postcard::to_extend(layout, vec![FORMAT]).expect("postcard into a Vec")
+}
+
+/// The layout bytes of a stored value and the format that wrote them.
+fn payload(v: &[u8]) -> Result<(u8, &[u8]), FormatError> {
+    match v.split_first() {
+        None => Err(FormatError::Empty),
+        Some((&FORMAT, rest)) => Ok((FORMAT, rest)),
+        Some((&f, _)) => Err(FormatError::Unknown(f)),
+    }
+}
+
+fn decode<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
+    let (format, bytes) = payload(v)?;
+    postcard::from_bytes(bytes).map_err(|source| FormatError::Layout { format, source })
+}
+
+/// Any serde value stored as a record of the current format (the
+/// service's cycle marker and outbox chunks, whose layouts it owns).
+pub fn encode_value<T: Serialize>(v: &T) -> Vec<u8> {
+    encode(v)
+}
+
+/// A value written by [`encode_value`].
+pub fn decode_value<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
+    decode(v)
+}
+
+/// Whether a changelog record's headers say it is in a tagged format
+/// (`Ok(true)`), or it predates them (`Ok(false)`, untagged: format ≤ 6).
+pub fn changelog_is_tagged(header: Option<&[u8]>) -> Result<bool, FormatError> {
+    match header {
+        None => Ok(false),
+        Some(HEADER_VALUE) => Ok(true),
+        Some(other) => Err(FormatError::Header(
+            String::from_utf8_lossy(other).into_owned(),
+        )),
+    }
+}
+
+// ---------------------------------------------------------------- layouts
+//
+// Format 7. Writes borrow the engine's structs (`…Out`); reads build them
+// (`…In`). Postcard lays nested structs out inline, field after field.
+
+#[derive(Serialize, Deserialize, Clone, Copy)]
+pub(super) struct EvidenceL {
+    pub v: f64,
+    pub q: f64,
+}
+
+impl From<Evidence> for EvidenceL {
+    fn from(e: Evidence) -> Self {
+        EvidenceL { v: e.v, q: e.q }
+    }
+}
+
+impl From<EvidenceL> for Evidence {
+    fn from(e: EvidenceL) -> Self {
+        Evidence { v: e.v, q: e.q }
+    }
+}
+
+/// A slice written as a postcard sequence of `f(item)`, without collecting.
+struct Each<'a, T, F>(&'a [T], F);
+
+fn each<'a, T, U: Serialize, F: Fn(&'a T) -> U>(items: &'a [T], f: F) -> Each<'a, T, F> {
+    Each(items, f)
+}
+
+impl<'a, T, U: Serialize, F: Fn(&'a T) -> U> Serialize for Each<'a, T, F> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.iter().map(&self.1))
+    }
+}
+
+#[derive(Serialize)]
+struct SeriesOut<'a, E: Serialize> {
+    model_id: Option<&'a str>,
+    score: f64,
+    last_vote_at: Option<Nanos>,
+    update_seq: u64,
+    abstentions: u64,
+    votes: u64,
+    ambiguous: bool,
+    pending: u64,
+    last_mean_vote: Option<f64>,
+    companion_scores: &'a [f64],
+    evidence: EvidenceL,
+    companion_evidence: E,
+}
+
+/// The series layout of formats 6 and 7 (format 6 stored it untagged).
+#[derive(Deserialize)]
+pub(super) struct SeriesIn {
+    pub model_id: Option<Id>,
+    pub score: f64,
+    pub last_vote_at: Option<Nanos>,
+    pub update_seq: u64,
+    pub abstentions: u64,
+    pub votes: u64,
+    pub ambiguous: bool,
+    pub pending: u64,
+    pub last_mean_vote: Option<f64>,
+    pub companion_scores: Box<[f64]>,
+    pub evidence: EvidenceL,
+    pub companion_evidence: Box<[EvidenceL]>,
+}
+
+impl From<SeriesIn> for SeriesState {
+    fn from(s: SeriesIn) -> SeriesState {
+        SeriesState {
+            model_id: s.model_id,
+            score: s.score,
+            last_vote_at: s.last_vote_at,
+            update_seq: s.update_seq,
+            abstentions: s.abstentions,
+            votes: s.votes,
+            ambiguous: s.ambiguous,
+            pending: s.pending,
+            last_mean_vote: s.last_mean_vote,
+            companion_scores: s.companion_scores,
+            evidence: s.evidence.into(),
+            companion_evidence: s.companion_evidence.iter().map(|&e| e.into()).collect(),
+        }
+    }
+}
+
+pub fn encode_series(s: &SeriesState) -> Vec<u8> {
+    encode(&SeriesOut {
+        model_id: s.model_id.as_deref(),
+        score: s.score,
+        last_vote_at: s.last_vote_at,
+        update_seq: s.update_seq,
+        abstentions: s.abstentions,
+        votes: s.votes,
+        ambiguous: s.ambiguous,
+        pending: s.pending,
+        last_mean_vote: s.last_mean_vote,
+        companion_scores: &s.companion_scores,
+        evidence: s.evidence.into(),
+        companion_evidence: each(&s.companion_evidence, |&e| EvidenceL::from(e)),
+    })
+}
+
+pub fn decode_series(v: &[u8]) -> Result<SeriesState, FormatError> {
+    decode::<SeriesIn>(v).map(Into::into)
+}
+
+#[derive(Serialize)]
+struct EntryOut<'a> {
+    voter_id: &'a str,
+    vote_id: &'a str,
+    value: Option<f64>,
+    weight: f64,
+    timestamp: Nanos,
+    inference_time: Option<Nanos>,
+    live: bool,
+}
+
+#[derive(Deserialize)]
+struct EntryIn {
+    voter_id: Id,
+    vote_id: Id,
+    value: Option<f64>,
+    weight: f64,
+    timestamp: Nanos,
+    inference_time: Option<Nanos>,
+    live: bool,
+}
+
+pub fn encode_batch(b: &Batch) -> Vec<u8> {
+    let entries = each(&b.entries, |e| EntryOut {
+        voter_id: &e.voter_id,
+        vote_id: &e.vote_id,
+        value: e.value,
+        weight: e.weight,
+        timestamp: e.timestamp,
+        inference_time: e.inference_time,
+        live: e.live,
+    });
+    encode(&(entries, b.counted))
+}
+
+pub fn decode_batch(v: &[u8]) -> Result<Batch, FormatError> {
+    let (entries, counted): (Vec<EntryIn>, u32) = decode(v)?;
+    let entries = entries
+        .into_iter()
+        .map(|e| Entry {
+            voter_id: e.voter_id,
+            vote_id: e.vote_id,
+            value: e.value,
+            weight: e.weight,
+            timestamp: e.timestamp,
+            inference_time: e.inference_time,
+            live: e.live,
+        })
+        .collect();
+    Ok(Batch::stored(entries, counted))
+}
+
+/// `Meta`: (watermark, next batch seq, an unused time kept for the layout).
+type MetaL = (Option<Nanos>, u64, Option<Nanos>);
+
+pub fn encode_meta(m: &Meta) -> Vec<u8> {
+    encode::<MetaL>(&(m.watermark, m.next_batch_seq, m.swept_before))
+}
+
+pub fn decode_meta(v: &[u8]) -> Result<Meta, FormatError> {
+    let (watermark, next_batch_seq, swept_before): MetaL = decode(v)?;
+    Ok(Meta {
+        watermark,
+        next_batch_seq,
+        swept_before,
+    })
+}
+
+/// A vote identity's value: its vote time.
+pub fn encode_identity(at: Nanos) -> Vec<u8> {
+    let mut out = Vec::with_capacity(17);
+    out.push(FORMAT);
+    out.extend_from_slice(&at.to_le_bytes());
+    out
+}
+
+pub fn decode_identity(v: &[u8]) -> Result<Nanos, FormatError> {
+    let (_, bytes) = payload(v)?;
+    let at: [u8; 16] = bytes.try_into().map_err(|_| FormatError::Identity)?;
+    Ok(Nanos::from_le_bytes(at))
+}
+
+/// `BoardRow`: series, Σ score, ambiguous, votes, Σ score².
+type BoardRowL = (u64, i128, u64, u64, i128);
+
+pub fn encode_board_row(r: &BoardRow) -> Vec<u8> {
+    encode::<BoardRowL>(&(r.series, r.score_sum, r.ambiguous, r.votes, r.score_squares))
+}
+
+pub fn decode_board_row(v: &[u8]) -> Result<BoardRow, FormatError> {
+    let (series, score_sum, ambiguous, votes, score_squares): BoardRowL = decode(v)?;
+    Ok(BoardRow {
+        series,
+        score_sum,
+        ambiguous,
+        votes,
+        score_squares,
+    })
+}
+
+/// `RubricSums`: units, pairable, Σ v, Σ v², within.
+type RubricSumsL = (u64, u64, i128, i128, i128);
+
+pub fn encode_rubric_sums(s: &RubricSums) -> Vec<u8> {
+    encode::<RubricSumsL>(&(s.units, s.pairable, s.sum, s.square_sum, s.within))
+}
+
+pub fn decode_rubric_sums(v: &[u8]) -> Result<RubricSums, FormatError> {
+    let (units, pairable, sum, square_sum, within): RubricSumsL = decode(v)?;
+    Ok(RubricSums {
+        units,
+        pairable,
+        sum,
+        square_sum,
+        within,
+    })
+}
+
+/// `ReviewerStats`: rated, Σ squared deviation.
+type ReviewerL = (u64, i128);
+
+pub fn encode_reviewer(r: &ReviewerStats) -> Vec<u8> {
+    encode::<ReviewerL>(&(r.rated, r.sq_dev))
+}
+
+pub fn decode_reviewer(v: &[u8]) -> Result<ReviewerStats, FormatError> {
+    let (rated, sq_dev): ReviewerL = decode(v)?;
+    Ok(ReviewerStats { rated, sq_dev })
+}
+
+/// Where the identity sweep got to: a `t` key.
+pub fn encode_sweep(t_key: &[u8]) -> Vec<u8> {
+    [&[FORMAT][..], t_key].concat()
+}
+
+pub fn decode_sweep(v: &[u8]) -> Result<Vec<u8>, FormatError> {
+    payload(v).map(|(_, k)| k.to_vec())
+}
+
+// ------------------------------------------------------------------- keys
+
+/// A batch key's bytes after the kind byte: window start, series, seq.
+pub fn batch_key(k: &BatchKey) -> Vec<u8> {
+    let layout = (
+        k.window_start,
+        &*k.series.inference_id,
+        &*k.series.voter_prompt_id,
+        k.seq,
+    );
+    postcard::to_allocvec(&layout).expect("postcard into a Vec")
+}
+
+pub fn parse_batch_key(bytes: &[u8]) -> Result<BatchKey, postcard::Error> {
+    let (window_start, inference_id, voter_prompt_id, seq): (Nanos, Id, Id, u64) =
+        postcard::from_bytes(bytes)?;
+    Ok(BatchKey {
+        window_start,
+        series: SeriesKey {
+            inference_id,
+            voter_prompt_id,
+        },
+        seq,
+    })
+}
+
+/// A leaderboard key's bytes after the kind byte: model, rubric.
+pub fn board_key(k: &BoardKey) -> Vec<u8> {
+    postcard::to_allocvec(&(k.model_id.as_deref(), &*k.voter_prompt_id))
+        .expect("postcard into a Vec")
+}
+
+pub fn parse_board_key(bytes: &[u8]) -> Result<BoardKey, postcard::Error> {
+    let (model_id, voter_prompt_id): (Option<Id>, Id) = postcard::from_bytes(bytes)?;
+    Ok(BoardKey {
+        model_id,
+        voter_prompt_id,
+    })
+}
