@@ -8,7 +8,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::client::send_waiting;
-use crate::error::Fault;
+use crate::error::{Classify, Fault, RetryHint};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 /// A failure of `jurystream produce` or `jurystream consume`. Publishing a
@@ -100,9 +100,8 @@ pub enum ProduceError {
     Stdout(#[source] std::io::Error),
 }
 
-impl ProduceError {
-    /// Whose fault the failure is.
-    pub fn fault(&self) -> Fault {
+impl Classify for ProduceError {
+    fn fault(&self) -> Fault {
         match self {
             ProduceError::Client { .. } | ProduceError::MissingTopic { .. } => Fault::Usage,
             ProduceError::OpenInput { .. } | ProduceError::ReadInput { .. } => Fault::Input,
@@ -116,8 +115,8 @@ impl ProduceError {
     }
 
     /// Whether running the command again can help: see each variant.
-    pub fn is_retriable(&self) -> bool {
-        match self {
+    fn retry(&self) -> RetryHint {
+        RetryHint::from_bool(match self {
             ProduceError::Metadata { .. }
             | ProduceError::ReadInput { .. }
             | ProduceError::NotAcknowledged { .. } => true,
@@ -125,7 +124,7 @@ impl ProduceError {
                 !too_large(source) && source.rdkafka_error_code() != Some(RDKafkaErrorCode::Fatal)
             }
             _ => false,
-        }
+        })
     }
 }
 
