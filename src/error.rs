@@ -213,6 +213,25 @@ mod tests {
     }
 
     #[test]
+    fn store_errors_print_their_cause_once_and_are_not_retried() {
+        let e = crate::state::StoreError::Io {
+            path: "/s/outbox".into(),
+            source: std::io::Error::other("disk full"),
+        };
+        assert_eq!(chain(&e), "cannot write /s/outbox: disk full");
+        assert_eq!(e.fault(), Fault::Store);
+        assert_eq!(e.retry(), RetryHint::NoRetry);
+        let rocks = match crate::state::Store::open(std::path::Path::new("/dev/null/x")) {
+            Err(e) => e,
+            Ok(_) => panic!("a store under /dev/null"),
+        };
+        let text = chain(&rocks);
+        assert!(text.starts_with("RocksDB error at /dev/null/x: "), "{text}");
+        let cause = rocks.source().expect("the RocksDB error").to_string();
+        assert_eq!(text.matches(&cause).count(), 1, "{text}");
+    }
+
+    #[test]
     fn config_errors_are_the_users() {
         let e = crate::config::ConfigError("x: unknown key".into());
         assert_eq!(e.fault(), Fault::Usage);

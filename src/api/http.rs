@@ -31,7 +31,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::error::{Classify, Fault, RetryHint};
+use crate::error::{Chain, Classify, Fault, RetryHint};
 
 use super::{
     merge_board, merge_inference, merge_rubrics, merge_voters, percent_decode, percent_encode,
@@ -246,10 +246,10 @@ pub fn voters_query(query: &str) -> Result<(String, VoterOrder, usize), String> 
 }
 
 fn store_error(e: crate::state::StoreError) -> Response {
-    tracing::error!("query API: {e}");
+    tracing::error!("query API: {}", Chain(&e));
     error(
         StatusCode::INTERNAL_SERVER_ERROR,
-        format!("state store: {e}"),
+        format!("state store: {}", Chain(&e)),
     )
 }
 

@@ -164,7 +164,11 @@ impl std::error::Error for ServiceError {}
 /// committing anything partial, and the next start restores.
 impl From<StoreError> for ServiceError {
     fn from(e: StoreError) -> Self {
-        Self::new(Fault::Store, false, format!("state store: {e}"))
+        Self::new(
+            Fault::Store,
+            false,
+            format!("state store: {}", crate::error::chain(&e)),
+        )
     }
 }
 

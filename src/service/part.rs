@@ -347,7 +347,7 @@ impl Part {
             let timeout = until.saturating_duration_since(Instant::now());
             match w.done.recv_timeout(timeout) {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!("state write failed: {e}"),
+                Ok(Err(e)) => tracing::error!("state write failed: {}", crate::error::Chain(&e)),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     tracing::warn!(dir = %self.store.path().display(),
                         "a state write outlasts the partition's release: it finishes in the background");

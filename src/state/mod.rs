@@ -49,13 +49,13 @@ pub use keys::{decode_series, encode_value, META_KEY};
 /// process stops without committing anything partial.
 #[derive(Debug, Error)]
 pub enum StoreError {
-    #[error("RocksDB error at {path}: {source}")]
+    #[error("RocksDB error at {path}")]
     Rocks {
         path: PathBuf,
         #[source]
         source: rocksdb::Error,
     },
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Io {
         path: PathBuf,
         #[source]
