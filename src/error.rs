@@ -145,6 +145,46 @@ impl Classify for crate::config::ConfigError {
     }
 }
 
+/// A Kafka client's error as the source of one of ours. rdkafka's
+/// `KafkaError` prints librdkafka's error code and also returns that code
+/// as its own `source()`, which a chain would print a second time; this
+/// prints the client's error once and ends the chain there. It derefs to
+/// the `KafkaError` (`rdkafka_error_code()` and the rest).
+#[derive(Debug, Clone)]
+pub struct KafkaCause(Box<rdkafka::error::KafkaError>);
+
+impl KafkaCause {
+    pub fn new(e: rdkafka::error::KafkaError) -> KafkaCause {
+        KafkaCause(Box::new(e))
+    }
+
+    pub fn into_inner(self) -> rdkafka::error::KafkaError {
+        *self.0
+    }
+}
+
+impl From<rdkafka::error::KafkaError> for KafkaCause {
+    fn from(e: rdkafka::error::KafkaError) -> KafkaCause {
+        KafkaCause::new(e)
+    }
+}
+
+impl std::ops::Deref for KafkaCause {
+    type Target = rdkafka::error::KafkaError;
+
+    fn deref(&self) -> &rdkafka::error::KafkaError {
+        &self.0
+    }
+}
+
+impl fmt::Display for KafkaCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl Error for KafkaCause {}
+
 /// An error and its sources, joined by ": " (what `main` prints), for a
 /// log line or an HTTP answer: `error = %Chain(&e)`.
 pub struct Chain<'a>(pub &'a (dyn Error + 'static));
@@ -229,6 +269,21 @@ mod tests {
         assert!(text.starts_with("RocksDB error at /dev/null/x: "), "{text}");
         let cause = rocks.source().expect("the RocksDB error").to_string();
         assert_eq!(text.matches(&cause).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn a_kafka_cause_prints_the_code_once() {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        let e = KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced);
+        // rdkafka's own chain names the code twice.
+        assert_eq!(chain(&e).matches("ProducerFenced").count(), 2);
+        let cause = KafkaCause::from(e.clone());
+        assert_eq!(chain(&cause), e.to_string());
+        assert_eq!(chain(&cause).matches("ProducerFenced").count(), 1);
+        assert_eq!(
+            cause.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::ProducerFenced)
+        );
     }
 
     #[test]

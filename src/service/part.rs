@@ -431,6 +431,7 @@ pub fn join_lingering(limit: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Classify;
 
     fn part_at(path: &Path) -> Part {
         let cfg = crate::config::Config::load(None).unwrap().engine();
