@@ -163,7 +163,10 @@ mod tests {
             key: "connect.listen",
             source: "nope".parse::<SocketAddr>().unwrap_err(),
         };
-        assert_eq!((bad.fault(), bad.retry()), (Fault::Usage, RetryHint::NoRetry));
+        assert_eq!(
+            (bad.fault(), bad.retry()),
+            (Fault::Usage, RetryHint::NoRetry)
+        );
         assert_eq!(chain(&bad), "connect.listen: invalid socket address syntax");
 
         let listen = ConnectError::Listen {
@@ -187,7 +190,10 @@ mod tests {
         };
         assert_eq!(thread.fault(), Fault::Internal);
         assert_eq!(thread.retry(), RetryHint::WithBackoff);
-        assert_eq!(chain(&thread), "cannot start the sync thread: out of threads");
+        assert_eq!(
+            chain(&thread),
+            "cannot start the sync thread: out of threads"
+        );
 
         let client = ConnectError::Client(
             KafkaError::ClientCreation("No such configuration property: \"x\"".into()).into(),
@@ -222,7 +228,10 @@ mod tests {
         };
         for status in [500, 502, 503, 429] {
             let e = answer(status);
-            assert_eq!((e.fault(), e.retry()), (Fault::Server, RetryHint::WithBackoff));
+            assert_eq!(
+                (e.fault(), e.retry()),
+                (Fault::Server, RetryHint::WithBackoff)
+            );
         }
         for status in [400, 401, 403, 404] {
             let e = answer(status);
@@ -243,6 +252,9 @@ mod tests {
             status: 502,
             body: String::new(),
         };
-        assert_eq!((down.fault(), down.retry()), (Fault::Server, RetryHint::WithBackoff));
+        assert_eq!(
+            (down.fault(), down.retry()),
+            (Fault::Server, RetryHint::WithBackoff)
+        );
     }
 }

@@ -107,8 +107,8 @@ impl Client {
                     .send_json(b),
                 _ => self.agent.get(&url).header("Authorization", &auth).call(),
             };
-            let mut r = result
-                .map_err(|e| ConnectError::unanswered(format!("{method} {url}"), e))?;
+            let mut r =
+                result.map_err(|e| ConnectError::unanswered(format!("{method} {url}"), e))?;
             let status = r.status().as_u16();
             if status == 401 && attempt == 0 && self.is_personal_access_token() {
                 continue;

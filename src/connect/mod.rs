@@ -58,14 +58,14 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         projects: ls.projects.clone(),
         recent: recent.clone(),
     });
-    let addr: std::net::SocketAddr = cfg
-        .connect
-        .listen
-        .parse()
-        .map_err(|source| ConnectError::Address {
-            key: "connect.listen",
-            source,
-        })?;
+    let addr: std::net::SocketAddr =
+        cfg.connect
+            .listen
+            .parse()
+            .map_err(|source| ConnectError::Address {
+                key: "connect.listen",
+                source,
+            })?;
     let produce_timeout = Duration::from_millis(cfg.connect.produce_timeout_ms as u64);
     let limits = Limits {
         body_bytes: cfg.connect.max_body_bytes as usize,
@@ -73,9 +73,8 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         request_timeout: produce_timeout + Duration::from_secs(30),
         workers: 2,
     };
-    let bound =
-        serve_with(addr, metrics.clone(), http::routes(intake.clone()), limits)
-            .map_err(|source| ConnectError::Listen { addr, source })?;
+    let bound = serve_with(addr, metrics.clone(), http::routes(intake.clone()), limits)
+        .map_err(|source| ConnectError::Listen { addr, source })?;
     tracing::info!(%bound, topic = intake.producer.topic(), token = intake.token.is_some(),
         "connect: serving POST /v1/votes, POST /hooks/label-studio, /metrics, /healthz, /readyz");
 

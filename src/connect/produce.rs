@@ -42,9 +42,7 @@ impl Producer {
             let limit = (cfg.input.max_message_bytes as u64 + 64 * 1024).max(1_000_000);
             c.set("message.max.bytes", limit.to_string());
         }
-        let inner: FutureProducer = c
-            .create()
-            .map_err(|e| ConnectError::Client(e.into()))?;
+        let inner: FutureProducer = c.create().map_err(|e| ConnectError::Client(e.into()))?;
         Ok(Producer {
             inner: RwLock::new(Arc::new(inner)),
             renewed: std::sync::Mutex::new(Instant::now()),
@@ -150,9 +148,7 @@ impl Producer {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left + Duration::from_millis(100), f).await {
                 Ok(Ok(Ok(_))) => {}
-                Ok(Ok(Err((e, _)))) => {
-                    return Err(ConnectError::broker("not acknowledged", e))
-                }
+                Ok(Ok(Err((e, _)))) => return Err(ConnectError::broker("not acknowledged", e)),
                 Ok(Err(_)) => {
                     return Err(ConnectError::broker_without_cause("the producer went away"))
                 }

@@ -15,10 +15,10 @@ use rdkafka::Message;
 use serde_json::Value;
 
 use super::error::{Classify, ConnectError};
-use crate::error::Chain;
 use super::ls::{CallError, Client};
 use super::mapping::parse_vote_id;
 use crate::config::Config;
+use crate::error::Chain;
 use crate::telemetry::connect::{ConnectMetrics, Routing};
 
 /// The overlap to ask for (SPEC §12): min(max, max(overlap, total +

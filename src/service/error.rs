@@ -92,8 +92,7 @@ pub enum ServiceError {
 }
 
 /// What a fatal Kafka error adds to its `what`.
-const FENCED: &str =
-    ": this instance was fenced by a newer instance or hit a fatal producer error";
+const FENCED: &str = ": this instance was fenced by a newer instance or hit a fatal producer error";
 
 /// A fatal producer error or a fenced producer: the instance cannot go on.
 fn fatal_kafka(e: &KafkaError) -> bool {
@@ -341,7 +340,10 @@ mod tests {
         );
         assert_eq!(thread.fault(), Fault::Internal);
         assert!(thread.is_retriable());
-        assert_eq!(chain(&thread), "cannot start the restore thread: out of threads");
+        assert_eq!(
+            chain(&thread),
+            "cannot start the restore thread: out of threads"
+        );
 
         let listen = ServiceError::listen(
             "metrics.listen",
@@ -354,18 +356,21 @@ mod tests {
 
         let bad = ServiceError::address("metrics.listen", "x".parse::<SocketAddr>().unwrap_err());
         assert_eq!(bad.fault(), Fault::Usage);
-        assert_eq!(
-            chain(&bad),
-            "metrics.listen: invalid socket address syntax"
-        );
+        assert_eq!(chain(&bad), "metrics.listen: invalid socket address syntax");
 
         assert!(ServiceError::broker("restore cancelled by a rebalance").is_retriable());
         assert_eq!(ServiceError::internal("x").fault(), Fault::Internal);
         assert!(ServiceError::internal("x").is_retriable());
         let slow = ServiceError::slow_store("a state write outlasted 30 s");
-        assert_eq!((slow.fault(), slow.retry()), (Fault::Store, RetryHint::WithBackoff));
+        assert_eq!(
+            (slow.fault(), slow.retry()),
+            (Fault::Store, RetryHint::WithBackoff)
+        );
         let config = ServiceError::config("topics [\"x\"] do not exist");
-        assert_eq!((config.fault(), config.retry()), (Fault::Usage, RetryHint::NoRetry));
+        assert_eq!(
+            (config.fault(), config.retry()),
+            (Fault::Usage, RetryHint::NoRetry)
+        );
     }
 
     #[test]

@@ -16,7 +16,6 @@ use super::client::{check_outbox_partitioner, client_config, Names, ProduceCtx, 
 use super::context::Ctx;
 use super::delivery::{commit, hand_over};
 use super::error::{Classify, Result, ServiceError};
-use crate::error::Chain;
 use super::part::join_lingering;
 use super::rebalance::{drive_restore, not_restored, Consumer};
 use super::restore::local_partitions;
@@ -25,6 +24,7 @@ use super::topics;
 use crate::api::http::Api;
 use crate::api::Holdings;
 use crate::config::{Config, Delivery};
+use crate::error::Chain;
 use crate::output::Route;
 use crate::telemetry::Metrics;
 
@@ -86,7 +86,11 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
                 } else {
                     "topic setup failed, retrying"
                 };
-                tracing::warn!(fault = e.fault().as_str(), "{what} in {wait:?}: {}", Chain(&e));
+                tracing::warn!(
+                    fault = e.fault().as_str(),
+                    "{what} in {wait:?}: {}",
+                    Chain(&e)
+                );
                 sleep_unless(stop, wait);
             }
         }
