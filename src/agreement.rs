@@ -190,7 +190,7 @@ pub fn table(t: &Tally) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replay::Fault;
+    use crate::error::{Classify, Fault};
 
     #[test]
     fn a_missing_input_is_the_users_fault_and_named() {

@@ -1,21 +1,29 @@
-//! Whose fault a failure of a command is, shared by the error types of the
-//! commands a user runs by hand: [`crate::replay::ReplayError`] (also
-//! `agreement`'s), [`crate::backtest::BacktestError`],
-//! [`crate::inspect::InspectError`], [`crate::api::http::QueryError`] and
-//! [`crate::service::produce::ProduceError`]. Each of them also says
-//! whether running the command again can help (`is_retriable`).
+//! The crate's one error vocabulary: [`Fault`], whose fault a failure is,
+//! and [`RetryHint`], whether trying again can help. Every error type of
+//! the crate says both through [`Classify`]: the commands' own
+//! ([`crate::replay::ReplayError`], also `agreement`'s;
+//! [`crate::backtest::BacktestError`], [`crate::inspect::InspectError`],
+//! [`crate::api::http::QueryError`],
+//! [`crate::service::produce::ProduceError`]), the long-running ones'
+//! ([`crate::service::ServiceError`], [`crate::connect::ConnectError`])
+//! and the ones they wrap ([`crate::state::StoreError`],
+//! [`crate::config::ConfigError`], [`crate::backtest::UsageError`]).
 //!
-//! The long-running commands have their own: the service's
-//! [`crate::service::error::Fault`] and connect's
-//! [`crate::connect::error::Fault`].
+//! An error's message names what failed; its cause is its
+//! [`source`](std::error::Error::source), never also in the message:
+//! [`chain`] (and `main`, through `anyhow`'s `{:#}`) prints each once.
 
 use std::any::Any;
+use std::error::Error;
+use std::fmt;
 
 /// Whose fault a failure is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
-    /// A flag, a property or a request that cannot be used (a topic that
-    /// does not exist, a wrong token): fixing the command line helps.
+    /// The usage or the configuration: a flag, a property, a request or a
+    /// configuration key that cannot be used (a topic that does not exist,
+    /// a wrong token, an address that cannot be bound, a broker without a
+    /// feature the configuration needs). Fixing it helps.
     Usage,
     /// The input named on the command line: a file that cannot be opened
     /// or read, a directory that holds no state.
@@ -25,12 +33,14 @@ pub enum Fault {
     Output,
     /// The local state store (RocksDB, its directory) or a record in it.
     Store,
-    /// The Kafka broker or the network to it.
+    /// The Kafka broker or the network to it; also a producer the broker
+    /// no longer accepts (fenced).
     Broker,
-    /// The service asked (the query API): unreachable, too slow, or
-    /// answering with a server error.
+    /// A server or peer this process asks (the query API, Label Studio):
+    /// unreachable, too slow, or answering with a server error.
     Server,
-    /// This process: a thread that cannot start or panicked, a bug.
+    /// This process: a thread or runtime that cannot start or panicked,
+    /// an inconsistency, a bug.
     Internal,
 }
 
@@ -48,10 +58,152 @@ impl Fault {
     }
 }
 
-impl std::fmt::Display for Fault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// Whether trying again, as things are, can help.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryHint {
+    /// No: something must be fixed first (a flag, the configuration, a
+    /// file, the state store), or the failure is a bug. A command exits; a
+    /// service stops.
+    NoRetry,
+    /// Yes, after a wait that grows: the broker, a server or this
+    /// process's resources may be back. A command can be run again; the
+    /// service rebuilds its session from committed state, `connect` tries
+    /// the call again.
+    WithBackoff,
+}
+
+impl RetryHint {
+    /// `WithBackoff` when `retriable`.
+    pub fn from_bool(retriable: bool) -> RetryHint {
+        if retriable {
+            RetryHint::WithBackoff
+        } else {
+            RetryHint::NoRetry
+        }
+    }
+
+    pub fn is_retriable(self) -> bool {
+        self == RetryHint::WithBackoff
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RetryHint::NoRetry => "no retry",
+            RetryHint::WithBackoff => "with backoff",
+        }
+    }
+}
+
+impl fmt::Display for RetryHint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How every error type of the crate classifies itself.
+pub trait Classify: Error {
+    /// Whose fault the failure is.
+    fn fault(&self) -> Fault;
+
+    /// Whether trying again (running the command again, rebuilding the
+    /// service's session, repeating the call) can help as things are.
+    fn retry(&self) -> RetryHint;
+
+    /// `retry()` is [`RetryHint::WithBackoff`].
+    fn is_retriable(&self) -> bool {
+        self.retry().is_retriable()
+    }
+}
+
+/// Every state-store failure is the store's and is not retried: the
+/// process stops without committing anything partial (a directory held by
+/// another process is free again once it exits).
+impl Classify for crate::state::StoreError {
+    fn fault(&self) -> Fault {
+        Fault::Store
+    }
+
+    fn retry(&self) -> RetryHint {
+        RetryHint::NoRetry
+    }
+}
+
+/// A configuration that cannot be loaded: the user's, exit status 2.
+impl Classify for crate::config::ConfigError {
+    fn fault(&self) -> Fault {
+        Fault::Usage
+    }
+
+    fn retry(&self) -> RetryHint {
+        RetryHint::NoRetry
+    }
+}
+
+/// A Kafka client's error as the source of one of ours. rdkafka's
+/// `KafkaError` prints librdkafka's error code and also returns that code
+/// as its own `source()`, which a chain would print a second time; this
+/// prints the client's error once and ends the chain there. It derefs to
+/// the `KafkaError` (`rdkafka_error_code()` and the rest).
+#[derive(Debug, Clone)]
+pub struct KafkaCause(Box<rdkafka::error::KafkaError>);
+
+impl KafkaCause {
+    pub fn new(e: rdkafka::error::KafkaError) -> KafkaCause {
+        KafkaCause(Box::new(e))
+    }
+
+    pub fn into_inner(self) -> rdkafka::error::KafkaError {
+        *self.0
+    }
+}
+
+impl From<rdkafka::error::KafkaError> for KafkaCause {
+    fn from(e: rdkafka::error::KafkaError) -> KafkaCause {
+        KafkaCause::new(e)
+    }
+}
+
+impl std::ops::Deref for KafkaCause {
+    type Target = rdkafka::error::KafkaError;
+
+    fn deref(&self) -> &rdkafka::error::KafkaError {
+        &self.0
+    }
+}
+
+impl fmt::Display for KafkaCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl Error for KafkaCause {}
+
+/// An error and its sources, joined by ": " (what `main` prints), for a
+/// log line or an HTTP answer: `error = %Chain(&e)`.
+pub struct Chain<'a>(pub &'a (dyn Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
+
+/// An error and its sources, joined by ": " (what `main` prints).
+pub fn chain(e: &(dyn Error + 'static)) -> String {
+    Chain(e).to_string()
 }
 
 /// The message of a panic (its payload when that is a string).
@@ -63,19 +215,6 @@ pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
     } else {
         "(no message)".to_owned()
     }
-}
-
-/// An error and its sources, joined by ": " (what `main` prints).
-#[cfg(test)]
-pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]
@@ -90,5 +229,67 @@ mod tests {
         assert_eq!(panic_message(&*p), "static");
         let p = std::panic::catch_unwind(|| std::panic::panic_any(7)).unwrap_err();
         assert_eq!(panic_message(&*p), "(no message)");
+    }
+
+    #[test]
+    fn retry_hints() {
+        assert_eq!(RetryHint::from_bool(true), RetryHint::WithBackoff);
+        assert_eq!(RetryHint::from_bool(false), RetryHint::NoRetry);
+        assert!(RetryHint::WithBackoff.is_retriable());
+        assert!(!RetryHint::NoRetry.is_retriable());
+        assert_eq!(Fault::Store.to_string(), "state store");
+    }
+
+    #[test]
+    fn a_chain_joins_every_source_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("outer")]
+        struct Outer(#[source] std::io::Error);
+        let e = Outer(std::io::Error::other("inner"));
+        assert_eq!(chain(&e), "outer: inner");
+        assert_eq!(format!("{}", Chain(&e)), "outer: inner");
+        let plain = std::io::Error::other("alone");
+        assert_eq!(chain(&plain), "alone");
+    }
+
+    #[test]
+    fn store_errors_print_their_cause_once_and_are_not_retried() {
+        let e = crate::state::StoreError::Io {
+            path: "/s/outbox".into(),
+            source: std::io::Error::other("disk full"),
+        };
+        assert_eq!(chain(&e), "cannot write /s/outbox: disk full");
+        assert_eq!(e.fault(), Fault::Store);
+        assert_eq!(e.retry(), RetryHint::NoRetry);
+        let rocks = match crate::state::Store::open(std::path::Path::new("/dev/null/x")) {
+            Err(e) => e,
+            Ok(_) => panic!("a store under /dev/null"),
+        };
+        let text = chain(&rocks);
+        assert!(text.starts_with("RocksDB error at /dev/null/x: "), "{text}");
+        let cause = rocks.source().expect("the RocksDB error").to_string();
+        assert_eq!(text.matches(&cause).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn a_kafka_cause_prints_the_code_once() {
+        use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+        let e = KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced);
+        // rdkafka's own chain names the code twice.
+        assert_eq!(chain(&e).matches("ProducerFenced").count(), 2);
+        let cause = KafkaCause::from(e.clone());
+        assert_eq!(chain(&cause), e.to_string());
+        assert_eq!(chain(&cause).matches("ProducerFenced").count(), 1);
+        assert_eq!(
+            cause.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::ProducerFenced)
+        );
+    }
+
+    #[test]
+    fn config_errors_are_the_users() {
+        let e = crate::config::ConfigError("x: unknown key".into());
+        assert_eq!(e.fault(), Fault::Usage);
+        assert_eq!(e.retry(), RetryHint::NoRetry);
     }
 }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-pub use crate::error::Fault;
+pub use crate::error::{Classify, Fault, RetryHint};
 use crate::state::{is_database, Store, StoreError};
 use crate::time::format_timestamp;
 
@@ -29,9 +29,8 @@ pub enum InspectError {
     Store(#[from] StoreError),
 }
 
-impl InspectError {
-    /// Whose fault the failure is.
-    pub fn fault(&self) -> Fault {
+impl Classify for InspectError {
+    fn fault(&self) -> Fault {
         match self {
             InspectError::NoState { .. } | InspectError::ReadDir { .. } => Fault::Input,
             InspectError::Store(_) => Fault::Store,
@@ -40,8 +39,8 @@ impl InspectError {
 
     /// Whether running `inspect` again as it is can help: never (each
     /// variant needs the directory or the store fixed).
-    pub fn is_retriable(&self) -> bool {
-        false
+    fn retry(&self) -> RetryHint {
+        RetryHint::NoRetry
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use jurystream::config::{Config, ConfigError, LogFormat};
+use jurystream::error::{chain, Classify, Fault};
 
 /// jurystream turns a stream of human votes on AI outputs into time-decayed
 /// quality scores and ambiguity flags (GrandJury protocol), with RocksDB state
@@ -434,9 +435,9 @@ fn connect(a: ConnectArgs) -> Outcome {
         Duration::from_millis(c.connect.produce_timeout_ms as u64) + Duration::from_secs(5)
     })?;
     match jurystream::connect::run(cfg, &STOP) {
-        Err(e) if e.fault == jurystream::connect::error::Fault::Config => {
-            Err(Failure::Usage(e.to_string()))
-        }
+        // The user's (an address, a property librdkafka rejects): exit
+        // status 2, as a configuration error.
+        Err(e) if e.fault() == Fault::Usage => Err(Failure::Usage(chain(&e))),
         r => Ok(r?),
     }
 }

@@ -31,6 +31,8 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::error::{Chain, Classify, Fault, RetryHint};
+
 use super::{
     merge_board, merge_inference, merge_rubrics, merge_voters, percent_decode, percent_encode,
     Holdings, LocalAnswer, VoterOrder,
@@ -244,10 +246,10 @@ pub fn voters_query(query: &str) -> Result<(String, VoterOrder, usize), String> 
 }
 
 fn store_error(e: crate::state::StoreError) -> Response {
-    tracing::error!("query API: {e}");
+    tracing::error!("query API: {}", Chain(&e));
     error(
         StatusCode::INTERNAL_SERVER_ERROR,
-        format!("state store: {e}"),
+        format!("state store: {}", Chain(&e)),
     )
 }
 
@@ -536,10 +538,8 @@ pub enum QueryError {
     },
 }
 
-impl QueryError {
-    /// Whose fault the failure is.
-    pub fn fault(&self) -> crate::error::Fault {
-        use crate::error::Fault;
+impl Classify for QueryError {
+    fn fault(&self) -> Fault {
         match self {
             QueryError::Runtime(_) => Fault::Internal,
             QueryError::BadUrl { .. } => Fault::Usage,
@@ -550,8 +550,8 @@ impl QueryError {
     }
 
     /// Whether asking again (later) can help: see each variant.
-    pub fn is_retriable(&self) -> bool {
-        match self {
+    fn retry(&self) -> RetryHint {
+        RetryHint::from_bool(match self {
             QueryError::Runtime(_) | QueryError::Request { .. } | QueryError::Timeout { .. } => {
                 true
             }
@@ -563,7 +563,7 @@ impl QueryError {
                     | StatusCode::GATEWAY_TIMEOUT
                     | StatusCode::TOO_MANY_REQUESTS
             ),
-        }
+        })
     }
 }
 
@@ -620,7 +620,6 @@ pub fn query(url: &str, path: &str, token: Option<&str>) -> Result<String, Query
 #[cfg(test)]
 mod query_tests {
     use super::*;
-    use crate::error::Fault;
 
     #[test]
     fn error_answers_print_url_status_and_body_and_are_classified_by_status() {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::UsageError;
 use crate::config::ConfigError;
-pub use crate::error::Fault;
+pub use crate::error::{Classify, Fault, RetryHint};
 use crate::replay::ReplayError;
 
 /// A failure of a backtest.
@@ -68,9 +68,8 @@ pub enum BacktestError {
     },
 }
 
-impl BacktestError {
-    /// Whose fault the failure is.
-    pub fn fault(&self) -> Fault {
+impl Classify for BacktestError {
+    fn fault(&self) -> Fault {
         match self {
             BacktestError::Usage(_) => Fault::Usage,
             BacktestError::Replay(e) => e.fault(),
@@ -85,11 +84,11 @@ impl BacktestError {
 
     /// Whether running the backtest again as it is can help: see each
     /// variant.
-    pub fn is_retriable(&self) -> bool {
+    fn retry(&self) -> RetryHint {
         match self {
-            BacktestError::Replay(e) => e.is_retriable(),
-            BacktestError::Spawn { .. } => true,
-            _ => false,
+            BacktestError::Replay(e) => e.retry(),
+            BacktestError::Spawn { .. } => RetryHint::WithBackoff,
+            _ => RetryHint::NoRetry,
         }
     }
 }

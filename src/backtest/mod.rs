@@ -56,6 +56,17 @@ impl std::fmt::Display for UsageError {
 
 impl std::error::Error for UsageError {}
 
+/// A flag value that cannot be used: the user's, not retriable.
+impl crate::error::Classify for UsageError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::Usage
+    }
+
+    fn retry(&self) -> crate::error::RetryHint {
+        crate::error::RetryHint::NoRetry
+    }
+}
+
 /// What to backtest.
 #[derive(Debug, Clone)]
 pub struct Options {

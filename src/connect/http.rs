@@ -117,7 +117,7 @@ async fn votes(State(s): State<Arc<Intake>>, headers: HeaderMap, body: Bytes) ->
     let sent = s.producer.send_all(&pairs).await;
     if let Err(e) = sent {
         s.metrics.votes(Source::Api, VoteResult::Failed, n);
-        return unavailable(&e.to_string());
+        return unavailable(&crate::error::chain(&e));
     }
     s.metrics.produce_duration(started.elapsed().as_secs_f64());
     s.metrics.votes(Source::Api, VoteResult::Produced, n);
@@ -170,7 +170,7 @@ async fn label_studio(State(s): State<Arc<Intake>>, body: Bytes) -> Response {
     let sent = s.producer.send_all(&pairs).await;
     if let Err(e) = sent {
         s.metrics.votes(Source::Webhook, VoteResult::Failed, n);
-        return unavailable(&e.to_string());
+        return unavailable(&crate::error::chain(&e));
     }
     s.metrics.produce_duration(started.elapsed().as_secs_f64());
     s.metrics.votes(Source::Webhook, VoteResult::Produced, n);

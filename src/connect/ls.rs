@@ -72,18 +72,16 @@ impl Client {
                 .agent
                 .post(&url)
                 .send_json(serde_json::json!({ "refresh": self.token }))
-                .map_err(|e| ConnectError::label_studio(true, format!("POST {url}: {e}")))?;
+                .map_err(|e| ConnectError::unanswered(format!("POST {url}"), e))?;
             let status = r.status().as_u16();
             let body: Value = r.body_mut().read_json().unwrap_or(Value::Null);
             match body["access"].as_str() {
                 Some(a) if status == 200 => *access = Some(a.to_owned()),
                 _ => {
-                    return Err(ConnectError::label_studio(
-                        status >= 500,
-                        format!(
-                            "label_studio.token: the personal access token was refused ({status}): {body}"
-                        ),
-                    ))
+                    return Err(ConnectError::TokenRefused {
+                        status,
+                        body: body.to_string(),
+                    })
                 }
             }
         }
@@ -109,8 +107,8 @@ impl Client {
                     .send_json(b),
                 _ => self.agent.get(&url).header("Authorization", &auth).call(),
             };
-            let mut r = result
-                .map_err(|e| ConnectError::label_studio(true, format!("{method} {url}: {e}")))?;
+            let mut r =
+                result.map_err(|e| ConnectError::unanswered(format!("{method} {url}"), e))?;
             let status = r.status().as_u16();
             if status == 401 && attempt == 0 && self.is_personal_access_token() {
                 continue;
@@ -121,17 +119,19 @@ impl Client {
             let text = r.body_mut().read_to_string().unwrap_or_default();
             if !(200..300).contains(&status) {
                 let cut: String = text.chars().take(300).collect();
-                return Err(CallError::Other(ConnectError::label_studio(
-                    status >= 500 || status == 429,
-                    format!("{method} {url}: {status} {cut}"),
-                )));
+                return Err(CallError::Other(ConnectError::Answer {
+                    call: format!("{method} {url}"),
+                    status,
+                    body: cut,
+                }));
             }
             return Ok(serde_json::from_str(&text).unwrap_or(Value::Null));
         }
-        Err(CallError::Other(ConnectError::label_studio(
-            false,
-            format!("{method} {url}: the access token was refused after a refresh"),
-        )))
+        Err(CallError::Other(ConnectError::Answer {
+            call: format!("{method} {url}"),
+            status: 401,
+            body: "the access token was refused after a refresh".to_owned(),
+        }))
     }
 
     pub fn get(&self, path: &str) -> Result<Value, CallError> {

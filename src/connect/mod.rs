@@ -30,6 +30,7 @@ use std::time::Duration;
 pub use error::ConnectError;
 
 use crate::config::Config;
+use crate::error::Chain;
 use crate::input::DecodeOptions;
 use crate::telemetry::connect::ConnectMetrics;
 use crate::telemetry::http::{serve_with, Limits};
@@ -57,11 +58,14 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         projects: ls.projects.clone(),
         recent: recent.clone(),
     });
-    let addr: std::net::SocketAddr = cfg
-        .connect
-        .listen
-        .parse()
-        .map_err(|e| ConnectError::config(format!("connect.listen: {e}")))?;
+    let addr: std::net::SocketAddr =
+        cfg.connect
+            .listen
+            .parse()
+            .map_err(|source| ConnectError::Address {
+                key: "connect.listen",
+                source,
+            })?;
     let produce_timeout = Duration::from_millis(cfg.connect.produce_timeout_ms as u64);
     let limits = Limits {
         body_bytes: cfg.connect.max_body_bytes as usize,
@@ -69,10 +73,8 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         request_timeout: produce_timeout + Duration::from_secs(30),
         workers: 2,
     };
-    let bound =
-        serve_with(addr, metrics.clone(), http::routes(intake.clone()), limits).map_err(|e| {
-            ConnectError::config(format!("cannot listen on connect.listen {addr}: {e}"))
-        })?;
+    let bound = serve_with(addr, metrics.clone(), http::routes(intake.clone()), limits)
+        .map_err(|source| ConnectError::Listen { addr, source })?;
     tracing::info!(%bound, topic = intake.producer.topic(), token = intake.token.is_some(),
         "connect: serving POST /v1/votes, POST /hooks/label-studio, /metrics, /healthz, /readyz");
 
@@ -82,7 +84,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         match intake.producer.check_topic() {
             Ok(()) => break,
             Err(e) => {
-                tracing::warn!(error = %e, "connect: not ready yet");
+                tracing::warn!(error = %Chain(&e), "connect: not ready yet");
                 if stop.load(Ordering::SeqCst) {
                     return Ok(());
                 }
@@ -108,8 +110,9 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
                 std::thread::Builder::new()
                     .name("ls-sync".into())
                     .spawn_scoped(scope, move || s.run(producer, metrics, recent, stop))
-                    .map_err(|e| {
-                        ConnectError::config(format!("cannot start the sync thread: {e}"))
+                    .map_err(|source| ConnectError::Thread {
+                        thread: "sync",
+                        source,
                     })?;
             }
             if ls.extra_reviews > 0 {
@@ -123,8 +126,9 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
                 std::thread::Builder::new()
                     .name("ls-routing".into())
                     .spawn_scoped(scope, move || r.run(cfg, metrics, stop))
-                    .map_err(|e| {
-                        ConnectError::config(format!("cannot start the routing thread: {e}"))
+                    .map_err(|source| ConnectError::Thread {
+                        thread: "routing",
+                        source,
                     })?;
             }
         } else {

@@ -42,9 +42,7 @@ impl Producer {
             let limit = (cfg.input.max_message_bytes as u64 + 64 * 1024).max(1_000_000);
             c.set("message.max.bytes", limit.to_string());
         }
-        let inner: FutureProducer = c
-            .create()
-            .map_err(|e| ConnectError::config(format!("cannot create the Kafka producer: {e}")))?;
+        let inner: FutureProducer = c.create().map_err(|e| ConnectError::Client(e.into()))?;
         Ok(Producer {
             inner: RwLock::new(Arc::new(inner)),
             renewed: std::sync::Mutex::new(Instant::now()),
@@ -95,13 +93,12 @@ impl Producer {
             .current()
             .client()
             .fetch_metadata(Some(&self.topic), Duration::from_secs(5))
-            .map_err(|e| ConnectError::broker(format!("metadata of {}: {e}", self.topic)))?;
+            .map_err(|e| ConnectError::broker(format!("metadata of {}", self.topic), e))?;
         match md.topics().first() {
             Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(()),
-            _ => Err(ConnectError::config(format!(
-                "topic {} does not exist (create it, or start `jurystream run` with kafka.create_topics)",
-                self.topic
-            ))),
+            _ => Err(ConnectError::MissingTopic {
+                topic: self.topic.clone(),
+            }),
         }
     }
 
@@ -136,14 +133,14 @@ impl Producer {
                     }
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
                         if Instant::now() >= deadline {
-                            return Err(ConnectError::broker(
+                            return Err(ConnectError::broker_without_cause(
                                 "the producer queue stayed full (the broker does not keep up)",
                             ));
                         }
                         record = r;
                         tokio::time::sleep(Duration::from_millis(5)).await;
                     }
-                    Err((e, _)) => return Err(ConnectError::broker(format!("produce: {e}"))),
+                    Err((e, _)) => return Err(ConnectError::broker("produce", e)),
                 }
             }
         }
@@ -151,12 +148,12 @@ impl Producer {
             let left = deadline.saturating_duration_since(Instant::now());
             match tokio::time::timeout(left + Duration::from_millis(100), f).await {
                 Ok(Ok(Ok(_))) => {}
-                Ok(Ok(Err((e, _)))) => {
-                    return Err(ConnectError::broker(format!("not acknowledged: {e}")))
+                Ok(Ok(Err((e, _)))) => return Err(ConnectError::broker("not acknowledged", e)),
+                Ok(Err(_)) => {
+                    return Err(ConnectError::broker_without_cause("the producer went away"))
                 }
-                Ok(Err(_)) => return Err(ConnectError::broker("the producer went away")),
                 Err(_) => {
-                    return Err(ConnectError::broker(format!(
+                    return Err(ConnectError::broker_without_cause(format!(
                         "not acknowledged within connect.produce_timeout_ms ({} ms)",
                         self.timeout.as_millis()
                     )))

@@ -14,10 +14,11 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::Message;
 use serde_json::Value;
 
-use super::error::ConnectError;
+use super::error::{Classify, ConnectError};
 use super::ls::{CallError, Client};
 use super::mapping::parse_vote_id;
 use crate::config::Config;
+use crate::error::Chain;
 use crate::telemetry::connect::{ConnectMetrics, Routing};
 
 /// The overlap to ask for (SPEC §12): min(max, max(overlap, total +
@@ -164,7 +165,7 @@ impl Router {
                     }
                     Err(e) => {
                         metrics.routing(Routing::Error);
-                        tracing::warn!(error = %e, retry_in = ?wait,
+                        tracing::warn!(error = %Chain(&e), retry_in = ?wait,
                             "routing: Label Studio refused or did not answer; the flag is retried");
                         let until = std::time::Instant::now() + wait;
                         while std::time::Instant::now() < until {
@@ -178,8 +179,8 @@ impl Router {
                             std::thread::sleep(Duration::from_millis(100));
                         }
                         wait = (wait * 2).min(BACKOFF.1);
-                        if !e.retriable {
-                            tracing::error!(error = %e, "routing: not retriable; fix the configuration");
+                        if !e.is_retriable() {
+                            tracing::error!(error = %Chain(&e), "routing: not retriable; fix the configuration");
                         }
                     }
                 }

@@ -148,7 +148,7 @@ impl Syncer {
                 }
                 Err(e) => {
                     metrics.sync_run(false, 0.0);
-                    tracing::warn!(error = %e, "sync: pass failed; the next pass covers its time again");
+                    tracing::warn!(error = %crate::error::Chain(&e), "sync: pass failed; the next pass covers its time again");
                 }
             }
             let wake = Instant::now() + self.interval;
@@ -235,7 +235,11 @@ impl Syncer {
 
 fn call_error(e: CallError) -> ConnectError {
     match e {
-        CallError::NotFound => ConnectError::label_studio(false, "not found"),
+        CallError::NotFound => ConnectError::Answer {
+            call: "Label Studio's project list".to_owned(),
+            status: 404,
+            body: "not found".to_owned(),
+        },
         CallError::Other(e) => e,
     }
 }

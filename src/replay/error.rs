@@ -9,7 +9,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use crate::error::Fault;
+pub use crate::error::{Classify, Fault, RetryHint};
 use crate::state::StoreError;
 
 /// A failure of a replay.
@@ -92,9 +92,8 @@ fn at(path: &Option<PathBuf>) -> String {
         .map_or_else(String::new, |p| format!(" {}", p.display()))
 }
 
-impl ReplayError {
-    /// Whose fault the failure is.
-    pub fn fault(&self) -> Fault {
+impl Classify for ReplayError {
+    fn fault(&self) -> Fault {
         match self {
             ReplayError::OpenInput { .. } | ReplayError::ReadInput { .. } => Fault::Input,
             ReplayError::CreateStateDir { .. }
@@ -109,17 +108,19 @@ impl ReplayError {
 
     /// Whether running the replay again (from the start of its file) can
     /// help as things are: see each variant.
-    pub fn is_retriable(&self) -> bool {
-        match self {
+    fn retry(&self) -> RetryHint {
+        RetryHint::from_bool(match self {
             ReplayError::ReadInput { source, .. } => !matches!(
                 source.kind(),
                 io::ErrorKind::IsADirectory | io::ErrorKind::InvalidInput
             ),
             ReplayError::Spawn { .. } => true,
             _ => false,
-        }
+        })
     }
+}
 
+impl ReplayError {
     /// Names `input` in a read error that does not name its file yet.
     pub(crate) fn at_input(self, input: &Path) -> Self {
         match self {

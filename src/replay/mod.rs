@@ -370,6 +370,7 @@ fn checked(engine: &mut Engine, store: &Store) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Classify;
 
     /// A writer that fails once it has taken `room` bytes.
     struct Full {

@@ -338,6 +338,7 @@ impl ProducerContext for ProduceCtx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Classify;
 
     #[test]
     fn outbox_partitions_follow_librdkafkas_crc32() {
@@ -366,7 +367,8 @@ mod tests {
             toml::Value::String("murmur2_random".into()),
         );
         let e = check_outbox_partitioner(&cfg).unwrap_err();
-        assert_eq!(e.fault(), super::super::error::Fault::Config);
+        assert_eq!(e.fault(), crate::error::Fault::Usage);
+        assert!(!e.is_retriable());
         assert!(e.to_string().contains("murmur2_random"), "{e}");
     }
 }
@@ -374,6 +376,7 @@ mod tests {
 #[cfg(test)]
 mod state_dir_tests {
     use super::*;
+    use crate::error::Classify;
 
     #[test]
     fn a_state_dir_has_one_process_and_keeps_its_id() {

@@ -32,5 +32,5 @@ mod topics;
 
 pub use changelog::{CycleMarker, CHANGELOG_HEADER, CYCLE_KEY};
 pub use client::{client_config, property, send_waiting, Names, ORIGIN_HEADER};
-pub use error::{Fault, ServiceError};
+pub use error::{Classify, Fault, RetryHint, ServiceError};
 pub use run::run;

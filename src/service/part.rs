@@ -347,7 +347,7 @@ impl Part {
             let timeout = until.saturating_duration_since(Instant::now());
             match w.done.recv_timeout(timeout) {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::error!("state write failed: {e}"),
+                Ok(Err(e)) => tracing::error!("state write failed: {}", crate::error::Chain(&e)),
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     tracing::warn!(dir = %self.store.path().display(),
                         "a state write outlasts the partition's release: it finishes in the background");
@@ -431,6 +431,7 @@ pub fn join_lingering(limit: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Classify;
 
     fn part_at(path: &Path) -> Part {
         let cfg = crate::config::Config::load(None).unwrap().engine();

@@ -8,7 +8,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
 use super::client::send_waiting;
-use crate::error::Fault;
+use crate::error::{Classify, Fault, KafkaCause, RetryHint};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 /// A failure of `jurystream produce` or `jurystream consume`. Publishing a
@@ -23,7 +23,7 @@ pub enum ProduceError {
         /// "producer" or "consumer".
         client: &'static str,
         #[source]
-        source: Box<KafkaError>,
+        source: KafkaCause,
     },
     /// The topic's metadata cannot be read (the broker is unreachable or
     /// slow): the broker's or the network's. Retriable.
@@ -32,7 +32,7 @@ pub enum ProduceError {
         topic: String,
         brokers: String,
         #[source]
-        source: Box<KafkaError>,
+        source: KafkaCause,
     },
     /// The topic does not exist; nothing was sent. The user's (a wrong
     /// `--topic`, or the topic is not created yet). Not retriable until
@@ -65,7 +65,7 @@ pub enum ProduceError {
     Send {
         topic: String,
         #[source]
-        source: Box<KafkaError>,
+        source: KafkaCause,
     },
     /// Records the broker did not acknowledge (failed, or unanswered
     /// within the wait): the broker's. Retriable: publishing again is
@@ -92,7 +92,7 @@ pub enum ProduceError {
         /// The topics, comma-separated.
         topics: String,
         #[source]
-        source: Box<KafkaError>,
+        source: KafkaCause,
     },
     /// Writing a consumed message to stdout failed (a closed pipe): the
     /// output's. Not retriable.
@@ -100,9 +100,8 @@ pub enum ProduceError {
     Stdout(#[source] std::io::Error),
 }
 
-impl ProduceError {
-    /// Whose fault the failure is.
-    pub fn fault(&self) -> Fault {
+impl Classify for ProduceError {
+    fn fault(&self) -> Fault {
         match self {
             ProduceError::Client { .. } | ProduceError::MissingTopic { .. } => Fault::Usage,
             ProduceError::OpenInput { .. } | ProduceError::ReadInput { .. } => Fault::Input,
@@ -116,8 +115,8 @@ impl ProduceError {
     }
 
     /// Whether running the command again can help: see each variant.
-    pub fn is_retriable(&self) -> bool {
-        match self {
+    fn retry(&self) -> RetryHint {
+        RetryHint::from_bool(match self {
             ProduceError::Metadata { .. }
             | ProduceError::ReadInput { .. }
             | ProduceError::NotAcknowledged { .. } => true,
@@ -125,7 +124,7 @@ impl ProduceError {
                 !too_large(source) && source.rdkafka_error_code() != Some(RDKafkaErrorCode::Fatal)
             }
             _ => false,
-        }
+        })
     }
 }
 
@@ -251,7 +250,7 @@ pub fn produce(
         cfg.create_with_context(Acks::default())
             .map_err(|source| ProduceError::Client {
                 client: "producer",
-                source: Box::new(source),
+                source: source.into(),
             })?;
     let md = producer
         .client()
@@ -259,7 +258,7 @@ pub fn produce(
         .map_err(|source| ProduceError::Metadata {
             topic: topic.to_owned(),
             brokers: brokers.to_owned(),
-            source: Box::new(source),
+            source: source.into(),
         })?;
     let exists = md
         .topics()
@@ -300,7 +299,7 @@ pub fn produce(
         }
         send_waiting(&producer, rec).map_err(|source| ProduceError::Send {
             topic: topic.to_owned(),
-            source: Box::new(source),
+            source: source.into(),
         })?;
         sent += 1;
         producer.poll(Duration::ZERO);
@@ -350,7 +349,7 @@ pub fn consume(brokers: &str, topics: &[String], idle_exit: Option<Duration>) ->
         .create()
         .map_err(|source| ProduceError::Client {
             client: "consumer",
-            source: Box::new(source),
+            source: source.into(),
         })?;
     // Assign every partition (no group membership: nothing to rebalance).
     let mut tpl = rdkafka::TopicPartitionList::new();
@@ -360,14 +359,14 @@ pub fn consume(brokers: &str, topics: &[String], idle_exit: Option<Duration>) ->
             .map_err(|source| ProduceError::Metadata {
                 topic: t.clone(),
                 brokers: brokers.to_owned(),
-                source: Box::new(source),
+                source: source.into(),
             })?;
         for mt in md.topics() {
             for p in mt.partitions() {
                 tpl.add_partition_offset(t, p.id(), rdkafka::Offset::Beginning)
                     .map_err(|source| ProduceError::Assign {
                         topics: t.clone(),
-                        source: Box::new(source),
+                        source: source.into(),
                     })?;
             }
         }
@@ -376,7 +375,7 @@ pub fn consume(brokers: &str, topics: &[String], idle_exit: Option<Duration>) ->
         .assign(&tpl)
         .map_err(|source| ProduceError::Assign {
             topics: topics.join(","),
-            source: Box::new(source),
+            source: source.into(),
         })?;
     let mut last = std::time::Instant::now();
     let mut n = 0u64;
@@ -459,16 +458,26 @@ mod tests {
 
         let too_large = ProduceError::Send {
             topic: "votes".into(),
-            source: Box::new(KafkaError::MessageProduction(
+            source: KafkaCause::new(KafkaError::MessageProduction(
                 RDKafkaErrorCode::MessageSizeTooLarge,
             )),
         };
         assert_eq!(too_large.fault(), Fault::Input);
         assert!(!too_large.is_retriable());
         assert_eq!(too_large.to_string(), "produce to votes");
+        // The client's error follows once (its code once too).
+        let text = crate::error::chain(&too_large);
+        assert_eq!(
+            text,
+            format!(
+                "produce to votes: {}",
+                KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)
+            )
+        );
+        assert_eq!(text.matches("MessageSizeTooLarge").count(), 1, "{text}");
         let full = ProduceError::Send {
             topic: "votes".into(),
-            source: Box::new(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)),
+            source: KafkaCause::new(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)),
         };
         assert_eq!(full.fault(), Fault::Broker);
         assert!(full.is_retriable());

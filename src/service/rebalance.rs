@@ -40,7 +40,8 @@ impl Rebalance for Session {
                 tracing::error!(
                     deadline_ms = limit.as_millis() as u64,
                     elapsed_ms = started.elapsed().as_millis() as u64,
-                    "commit before revoke failed (the cycle was aborted): {e}"
+                    "commit before revoke failed (the cycle was aborted): {}",
+                    crate::error::Chain(&e)
                 );
                 self.fail(e);
             }

@@ -15,7 +15,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use super::client::{check_outbox_partitioner, client_config, Names, ProduceCtx, StateDirLock, Tp};
 use super::context::Ctx;
 use super::delivery::{commit, hand_over};
-use super::error::{Result, ServiceError};
+use super::error::{Classify, Result, ServiceError};
 use super::part::join_lingering;
 use super::rebalance::{drive_restore, not_restored, Consumer};
 use super::restore::local_partitions;
@@ -24,6 +24,7 @@ use super::topics;
 use crate::api::http::Api;
 use crate::api::Holdings;
 use crate::config::{Config, Delivery};
+use crate::error::Chain;
 use crate::output::Route;
 use crate::telemetry::Metrics;
 
@@ -49,7 +50,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
         .metrics
         .listen
         .parse()
-        .map_err(|e| ServiceError::config(format!("metrics.listen: {e}")))?;
+        .map_err(|e| ServiceError::address("metrics.listen", e))?;
     let holdings = Arc::new(Holdings::new(cfg.engine().initial_score));
     let api = Api::new(
         holdings.clone(),
@@ -58,9 +59,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
         Duration::from_millis(cfg.api.peer_timeout_ms as u64),
     );
     let bound = crate::telemetry::serve(addr, metrics.clone(), crate::api::http::routes(api))
-        .map_err(|e| {
-            ServiceError::config(format!("cannot listen on metrics.listen {addr}: {e}"))
-        })?;
+        .map_err(|e| ServiceError::listen("metrics.listen", addr, e))?;
     tracing::info!(%bound, peers = cfg.api.peers.len(), token = !cfg.api.token.is_empty(),
         "serving /metrics, /healthz, /readyz and the query API /v1/");
     if cfg.kafka.delivery == Delivery::ExactlyOnceOutbox {
@@ -87,7 +86,11 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
                 } else {
                     "topic setup failed, retrying"
                 };
-                tracing::warn!(fault = e.fault().as_str(), "{what} in {wait:?}: {e}");
+                tracing::warn!(
+                    fault = e.fault().as_str(),
+                    "{what} in {wait:?}: {}",
+                    Chain(&e)
+                );
                 sleep_unless(stop, wait);
             }
         }

@@ -51,7 +51,7 @@ pub fn ensure(cfg: &Config, names: &Names) -> Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| ServiceError::internal(format!("tokio runtime: {e}")))?;
+        .map_err(|e| ServiceError::thread("the tokio runtime", e))?;
     let admin: AdminClient<DefaultClientContext> = client_config(cfg)
         .create()
         .map_err(|e| ServiceError::kafka("create the admin client", e))?;

@@ -55,13 +55,13 @@ use keys::*;
 /// process stops without committing anything partial.
 #[derive(Debug, Error)]
 pub enum StoreError {
-    #[error("RocksDB error at {path}: {source}")]
+    #[error("RocksDB error at {path}")]
     Rocks {
         path: PathBuf,
         #[source]
         source: rocksdb::Error,
     },
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Io {
         path: PathBuf,
         #[source]
