@@ -38,9 +38,8 @@ use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, Prod
 use rdkafka::ClientContext;
 
 use jurystream::config::Config;
-use jurystream::service::{
-    client_config, send_waiting, CycleMarker, Names, CHANGELOG_HEADER, CYCLE_KEY,
-};
+use jurystream::kafka::{client_config, send_waiting};
+use jurystream::service::{CycleMarker, Names, CHANGELOG_HEADER, CYCLE_KEY};
 use jurystream::state::encode_value;
 
 /// Key kinds that never go to a changelog: the local time index, shell

@@ -150,7 +150,7 @@ fn main() {
                     offsets.insert(m.partition(), m.offset() + 1);
                 }
                 if cycle.elapsed() >= Duration::from_millis(100) && !offsets.is_empty() {
-                    jurystream::service::produce::flush_now(&producer, Duration::from_secs(60))
+                    jurystream::kafka::flush_now(&producer, Duration::from_secs(60))
                         .expect("flush");
                     let mut tpl = TopicPartitionList::new();
                     for (p, o) in &offsets {

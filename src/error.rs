@@ -4,7 +4,7 @@
 //! ([`crate::replay::ReplayError`], also `agreement`'s;
 //! [`crate::backtest::BacktestError`], [`crate::inspect::InspectError`],
 //! [`crate::api::http::QueryError`],
-//! [`crate::service::produce::ProduceError`]), the long-running ones'
+//! [`crate::produce::ProduceError`]), the long-running ones'
 //! ([`crate::service::ServiceError`], [`crate::connect::ConnectError`])
 //! and the ones they wrap ([`crate::state::StoreError`],
 //! [`crate::config::ConfigError`], [`crate::backtest::UsageError`]).

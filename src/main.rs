@@ -454,7 +454,7 @@ fn produce(a: ProduceArgs) -> Outcome {
             }
         }
     }
-    let n = jurystream::service::produce::produce(&a.input, &a.topic, &a.brokers, &props)?;
+    let n = jurystream::produce::produce(&a.input, &a.topic, &a.brokers, &props)?;
     eprintln!(
         "produced {n} messages to {}, every one acknowledged by the broker",
         a.topic
@@ -463,7 +463,7 @@ fn produce(a: ProduceArgs) -> Outcome {
 }
 
 fn consume(a: ConsumeArgs) -> Outcome {
-    jurystream::service::produce::consume(
+    jurystream::produce::consume(
         &a.brokers,
         &a.topics,
         a.idle_exit.map(Duration::from_secs_f64),

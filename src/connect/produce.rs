@@ -29,7 +29,7 @@ impl Producer {
     /// a request's wait or not sent at all by this request.
     pub fn new(cfg: &Config) -> Result<Producer, ConnectError> {
         let timeout = Duration::from_millis(cfg.connect.produce_timeout_ms as u64);
-        let mut c = crate::service::client_config(cfg);
+        let mut c = crate::kafka::client_config(cfg);
         c.set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "2")
@@ -38,7 +38,7 @@ impl Producer {
         // above librdkafka's default message limit (1 000 000 bytes), which
         // failed such a vote on every retry: the client's limit follows,
         // with room for the key, unless kafka.properties sets it.
-        if crate::service::property(cfg, "message.max.bytes").is_none() {
+        if crate::kafka::property(cfg, "message.max.bytes").is_none() {
             let limit = (cfg.input.max_message_bytes as u64 + 64 * 1024).max(1_000_000);
             c.set("message.max.bytes", limit.to_string());
         }

@@ -118,7 +118,7 @@ impl Router {
 
     /// Consumes the flags topic until `stop`.
     pub fn run(&self, cfg: &Config, metrics: &ConnectMetrics, stop: &AtomicBool) {
-        let mut c = crate::service::client_config(cfg);
+        let mut c = crate::kafka::client_config(cfg);
         c.set("group.id", format!("{}-label-studio", cfg.kafka.group_id))
             .set("enable.auto.commit", "false")
             .set("auto.offset.reset", "earliest")
@@ -127,7 +127,7 @@ impl Router {
         // notices a subscribed topic that appears only at its next metadata
         // refresh (5 min by default), and the flags waited that long. Every
         // 10 s instead (one small request), unless kafka.properties says.
-        if crate::service::property(cfg, "topic.metadata.refresh.interval.ms").is_none() {
+        if crate::kafka::property(cfg, "topic.metadata.refresh.interval.ms").is_none() {
             c.set("topic.metadata.refresh.interval.ms", "10000");
         }
         let consumer: BaseConsumer = match c.create() {

@@ -1,22 +1,21 @@
-//! Kafka client plumbing: the names the service derives from its
-//! configuration, client settings, the record sender, and the partitioner
-//! that outbox mode computes itself.
+//! The service's Kafka plumbing: the names it derives from its
+//! configuration, the record sender, the delivery callbacks, and the
+//! partitioner that outbox mode computes itself (client settings shared
+//! with `connect` and the tools are in [`crate::kafka`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use rustc_hash::FxHashMap;
 
-use rdkafka::config::ClientConfig;
-use rdkafka::consumer::ConsumerContext;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, ProducerContext};
 use rdkafka::ClientContext;
 
 use super::error::{Result, ServiceError};
 use crate::config::Config;
+use crate::kafka::{property, send_waiting};
 
 /// An input (or changelog) topic partition.
 pub type Tp = (String, i32);
@@ -148,55 +147,6 @@ fn hostname() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// Librdkafka settings shared by every client: brokers, then the user's
-/// pass-through properties (they win).
-pub fn client_config(cfg: &Config) -> ClientConfig {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &cfg.kafka.brokers);
-    for (k, v) in cfg.kafka_properties() {
-        c.set(k, v);
-    }
-    c
-}
-
-/// One `kafka.properties` value, if set.
-pub fn property(cfg: &Config, key: &str) -> Option<String> {
-    cfg.kafka_properties()
-        .into_iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v)
-}
-
-/// A reader that assigns partitions itself, reads committed data only and
-/// reports the end of each partition.
-pub fn reader_config(cfg: &Config, purpose: &str) -> ClientConfig {
-    let mut c = client_config(cfg);
-    c.set("group.id", format!("{}-{purpose}", cfg.kafka.group_id))
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
-        // An empty fetch answers at once: reaching the end is what it waits for.
-        .set("fetch.wait.max.ms", "10");
-    c
-}
-
-/// A client context that does not report reaching the end of a partition
-/// as an error (the restore and reconcile readers wait for exactly that).
-pub struct QuietEof;
-
-impl ClientContext for QuietEof {
-    fn error(&self, error: KafkaError, reason: &str) {
-        let eof = matches!(error, KafkaError::PartitionEOF(_))
-            || matches!(error, KafkaError::Global(RDKafkaErrorCode::PartitionEOF));
-        if !eof {
-            tracing::error!("reader: {error}: {reason}");
-        }
-    }
-}
-
-impl ConsumerContext for QuietEof {}
-
 /// One record to send.
 pub struct Out<'a> {
     pub topic: &'a str,
@@ -231,24 +181,6 @@ pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
         }));
     }
     send_waiting(producer, rec).map_err(|e| ServiceError::kafka("produce", e))
-}
-
-/// Queues `rec`, serving delivery reports while librdkafka's queue is full
-/// (a poll returns as soon as one is served).
-pub fn send_waiting<C: ProducerContext>(
-    producer: &BaseProducer<C>,
-    mut rec: BaseRecord<'_, [u8], [u8], C::DeliveryOpaque>,
-) -> Result<(), KafkaError> {
-    loop {
-        match producer.send(rec) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                rec = r;
-                producer.poll(Duration::from_millis(20));
-            }
-            Err((e, _)) => return Err(e),
-        }
-    }
 }
 
 /// The librdkafka partitioner outbox mode reproduces (its default).

@@ -22,7 +22,6 @@ mod delivery;
 pub mod error;
 mod ingest;
 mod part;
-pub mod produce;
 mod rebalance;
 mod reconcile;
 mod restore;
@@ -31,6 +30,6 @@ mod session;
 mod topics;
 
 pub use changelog::{CycleMarker, CHANGELOG_HEADER, CYCLE_KEY};
-pub use client::{client_config, property, send_waiting, Names, ORIGIN_HEADER};
+pub use client::{Names, ORIGIN_HEADER};
 pub use error::{Classify, Fault, RetryHint, ServiceError};
 pub use run::run;

@@ -15,9 +15,10 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::changelog::{CycleMarker, OutEvent};
-use super::client::{reader_config, QuietEof, Tp, ORIGIN_HEADER};
+use super::client::{Tp, ORIGIN_HEADER};
 use super::error::{Result, ServiceError};
 use crate::config::Config;
+use crate::kafka::{reader_config, QuietEof};
 use crate::output::Route;
 
 /// `<input topic>/<partition>/<cycle>/`: what every origin header of one

@@ -23,11 +23,12 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::changelog::{read_marker, read_outbox, CycleApplier, OutEvent, CHANGELOG_POS};
-use super::client::{partition_dir, reader_config, Names, QuietEof, Tp};
+use super::client::{partition_dir, Names, Tp};
 use super::error::{Result, ServiceError};
 use super::part::{wait_released, Part};
 use super::reconcile::{undelivered, Cycle};
 use crate::config::Config;
+use crate::kafka::{reader_config, QuietEof};
 use crate::state::{self, format, Store, StoreError};
 
 /// A restored partition, the keys of changelog records after its last

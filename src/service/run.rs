@@ -12,7 +12,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{check_outbox_partitioner, client_config, Names, ProduceCtx, StateDirLock, Tp};
+use super::client::{check_outbox_partitioner, Names, ProduceCtx, StateDirLock, Tp};
 use super::context::Ctx;
 use super::delivery::{commit, hand_over};
 use super::error::{Classify, Result, ServiceError};
@@ -25,6 +25,7 @@ use crate::api::http::Api;
 use crate::api::Holdings;
 use crate::config::{Config, Delivery};
 use crate::error::Chain;
+use crate::kafka::client_config;
 use crate::output::Route;
 use crate::telemetry::Metrics;
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{partition_dir, property, Names, ProduceCtx, Tp};
+use super::client::{partition_dir, Names, ProduceCtx, Tp};
 use super::cycle::transactional;
 use super::error::{Result, ServiceError};
 use super::part::Part;
@@ -20,6 +20,7 @@ use super::restore::RestoreJob;
 use crate::config::{Config, Delivery};
 use crate::engine::ScoreUpdate;
 use crate::input::DecodeOptions;
+use crate::kafka::property;
 use crate::output::Route;
 use crate::state::Store;
 use crate::telemetry::Metrics;
@@ -236,7 +237,7 @@ impl Session {
 
     /// Waits until everything queued is acknowledged.
     pub fn flush_acked(&self, what: &str) -> Result<()> {
-        super::produce::flush_now(&self.producer, self.step_timeout())
+        crate::kafka::flush_now(&self.producer, self.step_timeout())
             .map_err(|e| ServiceError::kafka(what, e))?;
         self.producer.poll(Duration::ZERO);
         match self.producer.context().take_failure() {

@@ -7,9 +7,10 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::client::{client_config, Names};
+use super::client::Names;
 use super::error::{Result, ServiceError};
 use crate::config::Config;
+use crate::kafka::client_config;
 
 /// Partition counts of `topics` (missing topics are absent from the map).
 pub(super) fn partition_counts(

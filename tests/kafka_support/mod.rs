@@ -366,8 +366,7 @@ dir = "{state}"
             &self.input_topic,
             partition_count(&self.config),
         );
-        jurystream::service::produce::produce(file, &self.input_topic, &self.bootstrap, &[])
-            .unwrap()
+        jurystream::produce::produce(file, &self.input_topic, &self.bootstrap, &[]).unwrap()
     }
 
     /// Publishes `file` to the existing input topic, one record per batch:
@@ -377,13 +376,8 @@ dir = "{state}"
     /// not rely on either.
     pub fn publish(&self, file: &Path) -> u64 {
         let one_per_batch = [("batch.num.messages".to_owned(), "1".to_owned())];
-        jurystream::service::produce::produce(
-            file,
-            &self.input_topic,
-            &self.bootstrap,
-            &one_per_batch,
-        )
-        .unwrap()
+        jurystream::produce::produce(file, &self.input_topic, &self.bootstrap, &one_per_batch)
+            .unwrap()
     }
 }
 

@@ -2,13 +2,13 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use super::client::send_waiting;
 use crate::error::{Classify, Fault, KafkaCause, RetryHint};
+use crate::kafka::send_waiting;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 
 /// A failure of `jurystream produce` or `jurystream consume`. Publishing a
@@ -137,57 +137,6 @@ fn too_large(e: &KafkaError) -> bool {
 }
 
 type Result<T, E = ProduceError> = std::result::Result<T, E>;
-
-/// Waits until every message `producer` has queued is acknowledged (or
-/// failed: the delivery reports are served), for at most `timeout`.
-///
-/// Written by hand because neither wait of rust-rdkafka fits a commit:
-/// `Producer::flush` polls in steps of 100 ms and its poll waits out each
-/// step even when the last acknowledgement arrived at once, so every flush
-/// took ≥ 100 ms; and a short `poll` spins, because it hands librdkafka
-/// the time left in whole milliseconds, which is 0 for the last one (a
-/// 1 ms poll never blocks: a commit's wait for its acknowledgements kept a
-/// core busy, docs/PERFORMANCE.md, "What made it fast"). So this one asks
-/// librdkafka to send at once (a flush that does not wait wakes its broker
-/// threads past `linger.ms`) about every millisecond, serves the delivery
-/// reports that are there, and sleeps [`ACK_WAIT_STEP`] when there are none.
-pub fn flush_now<C: rdkafka::producer::ProducerContext>(
-    producer: &BaseProducer<C>,
-    timeout: Duration,
-) -> Result<(), KafkaError> {
-    let deadline = Instant::now() + timeout;
-    let mut kicked: Option<Instant> = None;
-    loop {
-        let now = Instant::now();
-        if kicked.is_none_or(|at| now - at >= SEND_NOW_EVERY) {
-            match producer.flush(Duration::ZERO) {
-                Ok(()) => return Ok(()),
-                Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => {}
-                Err(e) => return Err(e),
-            }
-            kicked = Some(now);
-        }
-        let waiting = producer.in_flight_count();
-        if waiting == 0 {
-            return Ok(());
-        }
-        if now >= deadline {
-            return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
-        }
-        // One delivery report event (a produce response's records) at most.
-        producer.poll(Duration::ZERO);
-        if producer.in_flight_count() == waiting {
-            std::thread::sleep(ACK_WAIT_STEP);
-        }
-    }
-}
-
-/// How often [`flush_now`] asks librdkafka to send what is queued at once.
-const SEND_NOW_EVERY: Duration = Duration::from_millis(1);
-
-/// How long [`flush_now`] sleeps when no delivery report is waiting: a
-/// fraction of a loopback round trip, so it adds little to a commit.
-const ACK_WAIT_STEP: Duration = Duration::from_micros(200);
 
 /// The record key of a line: its `inference_id` (decimal form for integers), if any.
 pub fn key_of(line: &[u8]) -> Option<String> {
@@ -406,16 +355,6 @@ pub fn consume(brokers: &str, topics: &[String], idle_exit: Option<Duration>) ->
 mod tests {
     use super::*;
 
-    fn producer() -> BaseProducer {
-        // Nothing listens on port 1: records stay queued.
-        ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("message.timeout.ms", "60000")
-            .set("log_level", "0")
-            .create()
-            .expect("producer")
-    }
-
     #[test]
     fn errors_say_whose_fault_and_name_what() {
         let missing = ProduceError::MissingTopic {
@@ -481,29 +420,5 @@ mod tests {
         };
         assert_eq!(full.fault(), Fault::Broker);
         assert!(full.is_retriable());
-    }
-
-    #[test]
-    fn flush_now_returns_at_once_with_nothing_queued() {
-        let p = producer();
-        let started = Instant::now();
-        flush_now(&p, Duration::from_secs(30)).expect("nothing to wait for");
-        assert!(started.elapsed() < Duration::from_secs(5));
-    }
-
-    #[test]
-    fn flush_now_gives_up_at_its_timeout_when_nothing_is_acknowledged() {
-        let p = producer();
-        send_waiting(&p, BaseRecord::to("t").payload(&b"v"[..]).key(&b"k"[..])).expect("queued");
-        let started = Instant::now();
-        let err = flush_now(&p, Duration::from_millis(300)).expect_err("no broker");
-        assert!(
-            matches!(err, KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)),
-            "{err:?}"
-        );
-        let waited = started.elapsed();
-        assert!(waited >= Duration::from_millis(300), "{waited:?}");
-        assert!(waited < Duration::from_secs(10), "{waited:?}");
-        assert_eq!(p.in_flight_count(), 1, "the record is still queued");
     }
 }
