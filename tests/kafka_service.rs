@@ -25,28 +25,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn committed_offsets(setup: &Setup, group: &str) -> HashMap<i32, i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &setup.bootstrap)
-        .set("group.id", group)
-        .create()
-        .unwrap();
-    let md = c
-        .fetch_metadata(Some(&setup.input_topic), Duration::from_secs(10))
-        .unwrap();
-    let mut tpl = rdkafka::TopicPartitionList::new();
-    for p in md.topics()[0].partitions() {
-        tpl.add_partition(&setup.input_topic, p.id());
-    }
-    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
-    got.elements()
-        .iter()
-        .map(|e| {
-            let o = match e.offset() {
-                Offset::Offset(o) => o,
-                _ => -1,
-            };
-            (e.partition(), o)
-        })
+    group_offsets(&setup.bootstrap, group, &setup.input_topic)
+        .into_iter()
         .collect()
 }
 
@@ -1335,8 +1315,7 @@ fn a_reconcile_reading_a_long_output_tail_keeps_the_member_in_the_group() {
         .map(|i| format!("{{\"foreign\":{i}}}\n"))
         .collect();
     std::fs::write(&foreign, lines).unwrap();
-    let n =
-        jurystream::service::produce::produce(&foreign, &setup.dlq, &setup.bootstrap, &[]).unwrap();
+    let n = jurystream::produce::produce(&foreign, &setup.dlq, &setup.bootstrap, &[]).unwrap();
     assert_eq!(n, 1_500_000);
     let produced = setup.produce(&input) as i64;
     let mut a = instance(&setup, "a", "a", "127.0.0.1:0", Some("3600"));

@@ -578,30 +578,6 @@ fn start_run(bin: &Path, config: &Path, dir: &Path, tag: &str) -> Service {
     }
 }
 
-/// The offsets `group` committed on every partition of `topic` (-1: none).
-fn committed_offsets(bootstrap: &str, group: &str, topic: &str) -> BTreeMap<i32, i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("group.id", group)
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in metadata_partitions(bootstrap, topic) {
-        tpl.add_partition(topic, p);
-    }
-    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
-    got.elements()
-        .iter()
-        .map(|e| {
-            let o = match e.offset() {
-                Offset::Offset(o) => o,
-                _ => -1,
-            };
-            (e.partition(), o)
-        })
-        .collect()
-}
-
 /// The lines of `file`, split after the first `n`.
 fn split_lines(file: &Path, n: usize) -> (String, String) {
     let text = std::fs::read_to_string(file).unwrap();
@@ -740,7 +716,7 @@ fn write_fixtures(format: u32, commit: &str) {
             if let Some(status) = old.child.try_wait().unwrap() {
                 panic!("the old instance exited ({status}):\n{}", log_tail(&old));
             }
-            (committed_offsets(&setup.bootstrap, &group, &setup.input_topic) == ends).then_some(())
+            (group_offsets(&setup.bootstrap, &group, &setup.input_topic) == ends).then_some(())
         },
     );
     eprintln!("old instance committed part 1 in {:?}", started.elapsed());
@@ -1039,7 +1015,7 @@ fn run_continues(fx: &Fixture, old_state: bool) {
     // fixture has it.
     let probe = format!("{NAME}-partitioner-probe");
     create_topic(&setup.bootstrap, &probe, PARTITIONS);
-    jurystream::service::produce::produce(
+    jurystream::produce::produce(
         &fx.path("votes-1.jsonl"),
         &probe,
         &setup.bootstrap,

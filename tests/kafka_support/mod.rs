@@ -1113,3 +1113,30 @@ pub fn schemathesis(schema: &str, base: &str, extra: &[&str]) {
             .join("\n")
     );
 }
+
+/// The offsets `group` committed on every partition of `topic` (-1: none).
+pub fn group_offsets(bootstrap: &str, group: &str, topic: &str) -> BTreeMap<i32, i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition(topic, p.id());
+    }
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    got.elements()
+        .iter()
+        .map(|e| {
+            let o = match e.offset() {
+                Offset::Offset(o) => o,
+                _ => -1,
+            };
+            (e.partition(), o)
+        })
+        .collect()
+}
