@@ -299,21 +299,25 @@ pub fn decode_identity(v: &[u8]) -> Result<Nanos, FormatError> {
 }
 
 /// `BoardRow`: series, Σ score, ambiguous, votes, Σ score².
-type BoardRowL = (u64, i128, u64, u64, i128);
+pub(super) type BoardRowL = (u64, i128, u64, u64, i128);
+
+pub(super) fn board_row(l: BoardRowL) -> BoardRow {
+    let (series, score_sum, ambiguous, votes, score_squares) = l;
+    BoardRow {
+        series,
+        score_sum,
+        ambiguous,
+        votes,
+        score_squares,
+    }
+}
 
 pub fn encode_board_row(r: &BoardRow) -> Vec<u8> {
     encode::<BoardRowL>(&(r.series, r.score_sum, r.ambiguous, r.votes, r.score_squares))
 }
 
 pub fn decode_board_row(v: &[u8]) -> Result<BoardRow, FormatError> {
-    let (series, score_sum, ambiguous, votes, score_squares): BoardRowL = decode(v)?;
-    Ok(BoardRow {
-        series,
-        score_sum,
-        ambiguous,
-        votes,
-        score_squares,
-    })
+    decode(v).map(board_row)
 }
 
 /// `RubricSums`: units, pairable, Σ v, Σ v², within.

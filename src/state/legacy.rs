@@ -139,17 +139,10 @@ fn upgraded_evidence(update_seq: u64) -> Evidence {
 
 /// An untagged leaderboard row: format 6's, or the one before squares.
 fn board_row(v: &[u8]) -> Result<BoardRow, postcard::Error> {
-    type V6 = (u64, i128, u64, u64, i128);
     type V5 = (u64, i128, u64, u64);
-    let (series, score_sum, ambiguous, votes, score_squares) = postcard::from_bytes::<V6>(v)
+    postcard::from_bytes::<format::BoardRowL>(v)
         .or_else(|_| {
             postcard::from_bytes::<V5>(v).map(|(s, sum, a, n)| (s, sum, a, n, SQUARES_UNKNOWN))
-        })?;
-    Ok(BoardRow {
-        series,
-        score_sum,
-        ambiguous,
-        votes,
-        score_squares,
-    })
+        })
+        .map(format::board_row)
 }
