@@ -72,8 +72,10 @@ fn exactly_once_with_transactions_equals_replay() {
     let mut svc = Service::start(&setup, "a");
     wait_for_events(&setup, &expected, Duration::from_secs(180), &svc);
     assert_same_events(&setup, &expected);
-    let log = svc.log_text();
-    assert!(log.contains("delivery=exactly_once "), "{log}");
+    assert_eq!(
+        svc.metric(r#"jurystream_delivery_mode{mode="exactly_once"}"#),
+        Some(1.0)
+    );
     assert!(
         svc.terminate(Duration::from_secs(30)).success(),
         "{}",

@@ -27,6 +27,8 @@ impl Rebalance for Session {
         let interrupted = self.cancel_restore();
         self.to_restore.extend(interrupted);
         self.to_restore.retain(|tp| !revoked.contains(tp));
+        self.metrics
+            .rebalance(if lost { "lost" } else { "revoked" });
         if lost {
             tracing::warn!("partitions lost: aborting the open cycle without committing");
             self.abort();
@@ -47,12 +49,15 @@ impl Rebalance for Session {
             }
         }
         self.release(revoked, until);
+        self.metrics
+            .revoke_duration(started.elapsed().as_secs_f64());
         tracing::info!(partitions = ?revoked, lost, elapsed_ms = started.elapsed().as_millis() as u64,
             deadline_ms = limit.as_millis() as u64, "partitions handed over");
     }
 
     fn assign(&mut self, consumer: &Consumer, tps: Vec<Tp>) {
         tracing::info!(partitions = ?tps, "partitions assigned");
+        self.metrics.rebalance("assigned");
         self.assigned_once = true;
         // Paused until restored (an application pause survives a revoke
         // and reassignment, so every restore ends in resume).
@@ -128,8 +133,10 @@ fn adopt(s: &mut Session, restored: Vec<Restored>) -> Result<()> {
         mut part,
         leftover,
         undelivered,
+        changelog_records,
     } in restored
     {
+        s.metrics.restored_records(changelog_records);
         s.unowned.remove(&tp);
         if !leftover.is_empty() {
             tracing::warn!(
@@ -172,6 +179,7 @@ fn adopt(s: &mut Session, restored: Vec<Restored>) -> Result<()> {
         s.flush_acked("re-publish the interrupted cycle's events")?;
     }
     for (tp, u) in &in_doubt {
+        s.metrics.outbox_recovered(u.events.len());
         tracing::info!(topic = %tp.0, partition = tp.1, cycle = u.seq, events = u.total,
             published_now = u.events.len(), "completed the delivery of the last cycle before this restore");
     }

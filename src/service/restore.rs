@@ -40,6 +40,8 @@ pub struct Restored {
     pub part: Part,
     pub leftover: Vec<Vec<u8>>,
     pub undelivered: Option<Undelivered>,
+    /// Changelog records the restore applied.
+    pub changelog_records: u64,
 }
 
 /// An interrupted outbox cycle's events that are not in the outputs, with
@@ -120,6 +122,7 @@ pub fn restore_partitions(
         out.push(Restored {
             tp,
             part: Part::new(store, engine, marker),
+            changelog_records: applier.applied(),
             leftover: applier.leftover_keys(),
             undelivered: None,
         });

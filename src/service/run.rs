@@ -47,6 +47,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
     tracing::info!(transactional_id = %names.transactional_id, state_dir = %cfg.state.dir,
         "instance identity");
     let metrics = Metrics::new(cfg.metrics.max_label_values as usize);
+    metrics.set_delivery_mode(cfg.kafka.delivery.as_str());
     let addr: std::net::SocketAddr = cfg
         .metrics
         .listen

@@ -75,6 +75,20 @@ pub const CONSUMER_LAG: &str = "jurystream_consumer_lag_messages";
 pub const COMMIT_DURATION: &str = "jurystream_commit_duration_seconds";
 pub const RESTORE_DURATION: &str = "jurystream_state_restore_duration_seconds";
 pub const BUILD_INFO: &str = "jurystream_build_info";
+/// Changelog records the restores of this process applied.
+pub const RESTORED_RECORDS: &str = "jurystream_state_restored_records_total";
+/// Consumer group rebalances of this process, by `event` (`assigned`,
+/// `revoked`, `lost`).
+pub const REBALANCES: &str = "jurystream_rebalances_total";
+/// Time to hand over revoked partitions (finish or abort the open cycle,
+/// release the state).
+pub const REVOKE_DURATION: &str = "jurystream_revoke_duration_seconds";
+/// Outbox mode: cycles a restore found not marked delivered, whose
+/// missing events it published (`jurystream_outbox_republished_events_total`).
+pub const OUTBOX_RECOVERED_CYCLES: &str = "jurystream_outbox_recovered_cycles_total";
+pub const OUTBOX_REPUBLISHED: &str = "jurystream_outbox_republished_events_total";
+/// The delivery mode of `run` (`mode` label, value 1).
+pub const DELIVERY_MODE: &str = "jurystream_delivery_mode";
 /// SPEC §8 (v3 name; v2's `jurystream_model_score_sum` broke Prometheus'
 /// rule that a `_sum` suffix belongs to a histogram or summary).
 pub const MODEL_SCORES: &str = "jurystream_model_scores";
@@ -194,6 +208,12 @@ pub struct Metrics {
     lag: GaugeFamily,
     commit: Histogram,
     restore: Histogram,
+    restored_records: IntCounter,
+    rebalances: IntCounterVec,
+    revoke: Histogram,
+    outbox_recovered: IntCounter,
+    outbox_republished: IntCounter,
+    delivery_mode: prometheus::IntGaugeVec,
     model_scores: GaugeFamily,
     model_score_squares: GaugeFamily,
     model_series: GaugeFamily,
@@ -295,6 +315,42 @@ impl Metrics {
             "Duration of one partition state restore.",
             SECONDS_BUCKETS,
         );
+        let restored_records = counter(
+            RESTORED_RECORDS,
+            "Changelog records applied by state restores.",
+        );
+        let rebalances = IntCounterVec::new(
+            Opts::new(
+                REBALANCES,
+                "Consumer group rebalances, by event (assigned, revoked, lost).",
+            ),
+            &["event"],
+        )
+        .expect("valid metric");
+        for e in ["assigned", "revoked", "lost"] {
+            rebalances.with_label_values(&[e]);
+        }
+        let revoke = histogram(
+            REVOKE_DURATION,
+            "Duration of one hand-over of revoked partitions (finish or abort the open cycle, release the state).",
+            SECONDS_BUCKETS,
+        );
+        let outbox_recovered = counter(
+            OUTBOX_RECOVERED_CYCLES,
+            "Outbox mode: cycles a restore found not marked delivered and completed.",
+        );
+        let outbox_republished = counter(
+            OUTBOX_REPUBLISHED,
+            "Outbox mode: events of such cycles missing from the outputs, published by the restore.",
+        );
+        let delivery_mode = prometheus::IntGaugeVec::new(
+            Opts::new(
+                DELIVERY_MODE,
+                "The delivery mode of run (kafka.delivery): 1 for the mode in use.",
+            ),
+            &["mode"],
+        )
+        .expect("valid metric");
         let model_scores = GaugeFamily::new(
             MODEL_SCORES,
             "Sum of the current scores of this instance's scored series, per model and rubric.",
@@ -351,6 +407,12 @@ impl Metrics {
         register(&registry, lag.clone());
         register(&registry, commit.clone());
         register(&registry, restore.clone());
+        register(&registry, restored_records.clone());
+        register(&registry, rebalances.clone());
+        register(&registry, revoke.clone());
+        register(&registry, outbox_recovered.clone());
+        register(&registry, outbox_republished.clone());
+        register(&registry, delivery_mode.clone());
         register(&registry, model_scores.clone());
         register(&registry, model_score_squares.clone());
         register(&registry, model_series.clone());
@@ -377,12 +439,43 @@ impl Metrics {
             lag,
             commit,
             restore,
+            restored_records,
+            rebalances,
+            revoke,
+            outbox_recovered,
+            outbox_republished,
+            delivery_mode,
             model_scores,
             model_score_squares,
             model_series,
             agreement,
             partitions: Mutex::new(Partitions::default()),
         })
+    }
+
+    /// Changelog records a restore applied.
+    pub fn restored_records(&self, n: u64) {
+        self.restored_records.inc_by(n);
+    }
+
+    /// A rebalance event: `assigned`, `revoked` or `lost`.
+    pub fn rebalance(&self, event: &'static str) {
+        self.rebalances.with_label_values(&[event]).inc();
+    }
+
+    pub fn revoke_duration(&self, seconds: f64) {
+        self.revoke.observe(seconds);
+    }
+
+    /// Outbox mode: an in-doubt cycle completed, `republished` of its
+    /// events published by the restore.
+    pub fn outbox_recovered(&self, republished: usize) {
+        self.outbox_recovered.inc();
+        self.outbox_republished.inc_by(republished as u64);
+    }
+
+    pub fn set_delivery_mode(&self, mode: &str) {
+        self.delivery_mode.with_label_values(&[mode]).set(1);
     }
 
     pub fn set_ready(&self, ready: bool) {

@@ -157,6 +157,13 @@ const SPEC: &[(&str, MetricType, &[&str])] = &[
     (COMMIT_DURATION, MetricType::HISTOGRAM, &[]),
     (RESTORE_DURATION, MetricType::HISTOGRAM, &[]),
     (BUILD_INFO, MetricType::GAUGE, &[VERSION]),
+    // Not in SPEC §8: what the broker tests read instead of logs.
+    (RESTORED_RECORDS, MetricType::COUNTER, &[]),
+    (REBALANCES, MetricType::COUNTER, &["event"]),
+    (REVOKE_DURATION, MetricType::HISTOGRAM, &[]),
+    (OUTBOX_RECOVERED_CYCLES, MetricType::COUNTER, &[]),
+    (OUTBOX_REPUBLISHED, MetricType::COUNTER, &[]),
+    (DELIVERY_MODE, MetricType::GAUGE, &["mode"]),
 ];
 
 fn type_name(t: MetricType) -> &'static str {
@@ -190,6 +197,7 @@ fn exposition_has_every_spec_metric() {
     m.commit_duration(0.02);
     m.restore_duration(1.5);
     m.rejected(crate::input::Reason::Late);
+    m.set_delivery_mode("exactly_once");
 
     let families = m.gather();
     let by_name: BTreeMap<&str, _> = families.iter().map(|f| (f.name(), f)).collect();

@@ -524,6 +524,18 @@ impl Service {
         Some((code, body.to_owned()))
     }
 
+    /// The value of one sample on /metrics: `series` is the metric name
+    /// with its labels as exposed (`jurystream_rebalances_total{event="lost"}`);
+    /// `None` when the service does not answer or has no such sample.
+    pub fn metric(&self, series: &str) -> Option<f64> {
+        let (200, text) = self.get("/metrics")? else {
+            return None;
+        };
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// Whether `/readyz` answers 200 (a partition assignment was received
     /// and every assigned partition is restored).
     pub fn is_ready(&self) -> bool {
