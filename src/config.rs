@@ -34,6 +34,15 @@ pub const MAX_SECONDS: f64 = 100.0 * 365.25 * 86_400.0;
 /// Upper bound of `kafka.commit_interval_ms` and `kafka.shutdown_timeout_ms`:
 /// one hour (far below librdkafka's `i32` millisecond timeouts).
 pub const MAX_MILLIS: i64 = 3_600_000;
+/// What the service's `transaction.timeout.ms` (`exactly_once`) adds to the
+/// commit interval when `kafka.properties` does not set it: Kafka Streams'
+/// exactly-once transaction timeout, 10 s (docs/decisions.md, "Failover
+/// waits for the transaction timeout, now 10 s").
+pub const TRANSACTION_TIMEOUT_BEYOND_INTERVAL_MS: i64 = 10_000;
+/// A transactional cycle's steps must end this long before its
+/// transaction's timeout (the commit request still has to reach the
+/// broker, whose clock started at the transaction's first record).
+pub const TRANSACTION_MARGIN_MS: i64 = 1_000;
 /// Upper bound of `input.max_message_bytes`: librdkafka's own maximum
 /// message size (`message.max.bytes`, 1 000 000 000).
 pub const MAX_MESSAGE_BYTES: i64 = 1_000_000_000;
@@ -416,6 +425,34 @@ impl Config {
             max_message_bytes: self.input.max_message_bytes as usize,
             default_voter_prompt_id: self.input.default_voter_prompt_id.clone(),
         }
+    }
+
+    /// `transaction.timeout.ms` in `exactly_once`: how long the broker keeps
+    /// a transaction open before aborting it, so how long `read_committed`
+    /// readers of a killed instance's partitions (the next owner restoring
+    /// its changelog among them) wait. `kafka.properties` may set it; else
+    /// the commit interval plus 10 s, raised to `message.timeout.ms` and
+    /// `socket.timeout.ms` + 100 when `kafka.properties` sets those higher
+    /// (librdkafka refuses a transaction timeout below them). A cycle's
+    /// steps end [`TRANSACTION_MARGIN_MS`] before it (`service::session`).
+    pub fn transaction_timeout_ms(&self) -> i64 {
+        let prop = |key: &str| -> Option<i64> {
+            self.kafka_properties()
+                .into_iter()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| v.trim().parse().ok())
+        };
+        if let Some(t) = prop("transaction.timeout.ms") {
+            return t;
+        }
+        let mut t = self.kafka.commit_interval_ms() + TRANSACTION_TIMEOUT_BEYOND_INTERVAL_MS;
+        if let Some(m) = prop("message.timeout.ms") {
+            t = t.max(m);
+        }
+        if let Some(s) = prop("socket.timeout.ms") {
+            t = t.max(s.saturating_add(100));
+        }
+        t
     }
 
     /// `kafka.properties` as librdkafka strings.

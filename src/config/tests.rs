@@ -74,6 +74,46 @@ fn the_commit_interval_defaults_by_delivery_mode_unless_set() {
 }
 
 #[test]
+fn the_transaction_timeout_is_the_interval_plus_ten_seconds_unless_set() {
+    let timeout = |file: &str| load(file, &[]).unwrap().transaction_timeout_ms();
+    assert_eq!(timeout(""), 10_100);
+    assert_eq!(timeout("[kafka]\ncommit_interval_ms = 2000\n"), 12_000);
+    let props = "[kafka.properties]\n";
+    assert_eq!(
+        timeout(&format!("{props}\"transaction.timeout.ms\" = 30000\n")),
+        30_000
+    );
+    assert_eq!(
+        timeout(&format!("{props}\"transaction.timeout.ms\" = \"4000\"\n")),
+        4_000
+    );
+    // librdkafka refuses a transaction timeout below these two.
+    assert_eq!(
+        timeout(&format!("{props}\"message.timeout.ms\" = 45000\n")),
+        45_000
+    );
+    assert_eq!(
+        timeout(&format!("{props}\"socket.timeout.ms\" = 20000\n")),
+        20_100
+    );
+    // A set one must leave a cycle its interval and the margin.
+    let err = |file: &str, env: &[(&str, &str)]| load(file, env).err().map(|e| e.to_string());
+    let set = |ms: &str| {
+        format!("[kafka]\ncommit_interval_ms = 2000\n{props}\"transaction.timeout.ms\" = {ms}\n")
+    };
+    assert!(err(&set("3000"), &[])
+        .unwrap()
+        .contains("kafka.properties.transaction.timeout.ms"));
+    assert!(err(&set("\"soon\""), &[]).is_some());
+    assert!(err(&set("3001"), &[]).is_none());
+    let outbox = [("JURYSTREAM_KAFKA__DELIVERY", "exactly_once_outbox")];
+    assert!(
+        err(&set("3000"), &outbox).is_none(),
+        "no transactions in the outbox mode"
+    );
+}
+
+#[test]
 fn the_sections_are_those_of_default_toml() {
     let t: toml::Table = DEFAULT_TOML.parse().unwrap();
     let mut keys: Vec<&str> = t.keys().map(String::as_str).collect();

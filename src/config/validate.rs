@@ -153,6 +153,23 @@ impl Sections {
                 )));
             }
         }
+        if let Some(v) = k.properties.get("transaction.timeout.ms") {
+            let ms = match v {
+                toml::Value::Integer(n) => Some(*n),
+                toml::Value::String(s) => s.trim().parse().ok(),
+                _ => None,
+            };
+            let least = k.commit_interval_ms() + TRANSACTION_MARGIN_MS;
+            if k.delivery == Delivery::ExactlyOnce && !ms.is_some_and(|ms| ms > least) {
+                return Err(ConfigError(format!(
+                    "kafka.properties.transaction.timeout.ms: must be a number of \
+                     milliseconds above kafka.commit_interval_ms + {TRANSACTION_MARGIN_MS} \
+                     ({least}): a transaction stays open for a commit interval, then commits \
+                     (unset, the service uses the interval + \
+                     {TRANSACTION_TIMEOUT_BEYOND_INTERVAL_MS} ms)"
+                )));
+            }
+        }
         self.validate_connect()
     }
 

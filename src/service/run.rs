@@ -167,7 +167,14 @@ fn session(
     let mut pc = client_config(cfg);
     pc.set("enable.idempotence", "true").set("linger.ms", "5");
     if transactional {
-        pc.set("transactional.id", &names.transactional_id);
+        // The broker aborts a transaction open longer than this, so it is
+        // also how long a killed instance's open transaction holds back
+        // read_committed readers of its partitions (the next owner's
+        // restore among them): the commit interval + 10 s unless set.
+        pc.set("transactional.id", &names.transactional_id).set(
+            "transaction.timeout.ms",
+            cfg.transaction_timeout_ms().to_string(),
+        );
     }
     let producer: BaseProducer<ProduceCtx> = pc
         .create_with_context(ProduceCtx::default())

@@ -17,7 +17,7 @@ use super::cycle::transactional;
 use super::error::{Result, ServiceError};
 use super::part::Part;
 use super::restore::RestoreJob;
-use crate::config::{Config, Delivery};
+use crate::config::{Config, Delivery, TRANSACTION_MARGIN_MS};
 use crate::engine::ScoreUpdate;
 use crate::input::DecodeOptions;
 use crate::kafka::property;
@@ -79,6 +79,23 @@ pub struct Session {
     pub deadline: Option<Instant>,
     /// What the query API sees: the assigned partitions, ready or restoring.
     pub holdings: Arc<crate::api::Holdings>,
+    /// `exactly_once`: how long after a cycle opens its steps must have
+    /// ended (its transaction's timeout less [`TRANSACTION_MARGIN_MS`]).
+    txn_budget: Option<Duration>,
+}
+
+/// How long the next step of a cycle may take at `now`: until the revoke
+/// deadline while partitions are handed over, else [`CYCLE_STEP_TIMEOUT`];
+/// never past the open transaction's deadline (a step that would run past
+/// it fails, and the cycle is aborted, rather than commit a transaction
+/// the broker may have aborted); at least 1 ms.
+pub fn step_budget(now: Instant, revoke: Option<Instant>, txn: Option<Instant>) -> Duration {
+    let left = |d: Instant| d.saturating_duration_since(now);
+    let mut t = revoke.map_or(CYCLE_STEP_TIMEOUT, left);
+    if let Some(d) = txn {
+        t = t.min(left(d));
+    }
+    t.max(Duration::from_millis(1))
 }
 
 /// The deadline for finishing (or aborting) the open cycle when partitions
@@ -144,17 +161,22 @@ impl Session {
             restoring: None,
             deadline: None,
             holdings: holdings.clone(),
+            txn_budget: transactional(cfg.kafka.delivery).then(|| {
+                let ms = cfg.transaction_timeout_ms() - TRANSACTION_MARGIN_MS;
+                Duration::from_millis(ms.max(1) as u64)
+            }),
         }
     }
 
-    /// How long the next step of the cycle may take.
+    /// How long the next step of the cycle may take ([`step_budget`]).
     pub fn step_timeout(&self) -> Duration {
-        match self.deadline {
-            None => CYCLE_STEP_TIMEOUT,
-            Some(d) => d
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
-        }
+        step_budget(Instant::now(), self.deadline, self.transaction_deadline())
+    }
+
+    /// When the open cycle's steps must have ended, in `exactly_once`.
+    fn transaction_deadline(&self) -> Option<Instant> {
+        let budget = self.txn_budget?;
+        self.in_cycle.then(|| self.cycle_started + budget)
     }
 
     /// The revoke deadline for this configuration.
@@ -267,7 +289,10 @@ impl Session {
     pub fn abort(&mut self) {
         if self.in_cycle {
             if transactional(self.delivery) {
-                if let Err(e) = self.producer.abort_transaction(self.step_timeout()) {
+                // Not capped by the transaction's deadline: past it, the
+                // abort still tells the broker at once.
+                let timeout = step_budget(Instant::now(), self.deadline, None);
+                if let Err(e) = self.producer.abort_transaction(timeout) {
                     tracing::error!("abort transaction failed: {e}");
                 }
             }
@@ -398,6 +423,21 @@ impl Drop for Session {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_never_runs_past_the_transaction_deadline() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(step_budget(now, None, None), CYCLE_STEP_TIMEOUT);
+        assert_eq!(step_budget(now, Some(now + s(4)), None), s(4));
+        assert_eq!(step_budget(now, None, Some(now + s(9))), s(9));
+        assert_eq!(step_budget(now, Some(now + s(4)), Some(now + s(9))), s(4));
+        assert_eq!(step_budget(now, Some(now + s(30)), Some(now + s(9))), s(9));
+        // Past a deadline: 1 ms, so the step fails at once.
+        let past = now.checked_sub(s(1)).unwrap_or(now);
+        assert_eq!(step_budget(now, None, Some(past)), Duration::from_millis(1));
+        assert_eq!(step_budget(now, Some(past), None), Duration::from_millis(1));
+    }
 
     #[test]
     fn revoke_deadline_is_two_thirds_of_the_session_timeout() {
