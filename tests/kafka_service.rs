@@ -30,7 +30,6 @@ fn committed_offsets(setup: &Setup, group: &str) -> HashMap<i32, i64> {
         .collect()
 }
 
-/// The high watermark of every input partition.
 /// Input records `group` has committed, over every partition. The kill
 /// points of the crash tests: cheap to read, so a kill lands close to its
 /// point while the instance is consuming (reading the output to a count is
