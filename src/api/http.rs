@@ -35,7 +35,7 @@ use crate::error::{Chain, Classify, Fault, RetryHint};
 
 use super::{
     merge_board, merge_inference, merge_rubrics, merge_voters, percent_decode, percent_encode,
-    Holdings, LocalAnswer, VoterOrder,
+    Holdings, LocalAnswer, Unavailable, VoterOrder,
 };
 
 /// Longest id (SPEC §1).
@@ -397,6 +397,28 @@ fn unavailable(why: impl std::fmt::Display, peer_errors: &[String]) -> Response 
     r
 }
 
+/// The one fan-out of the group's routes: this instance's answer (`read`,
+/// off the runtime), every peer's answer to `peer_path` (a
+/// `/v1/local/*` route, [`gather`]), then `merge` of them all (off the
+/// runtime too). When `merge` finds a partition held ready by no one, the
+/// answer is a 503 that names the peers' errors.
+async fn fan_out<T: DeserializeOwned + Send + 'static>(
+    api: &Arc<Api>,
+    read: impl FnOnce(&Holdings) -> Result<LocalAnswer<T>, crate::state::StoreError> + Send + 'static,
+    peer_path: String,
+    merge: impl FnOnce(Vec<LocalAnswer<T>>) -> Result<Response, Unavailable> + Send + 'static,
+) -> Response {
+    let own = match off_runtime(api, read).await {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    let (answers, errors) = gather(api, own, peer_path).await;
+    settle(api, move || {
+        merge(answers).unwrap_or_else(|why| unavailable(why, &errors))
+    })
+    .await
+}
+
 async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     if let Err(m) = params_from(&uri, &[]) {
         return bad_request(m);
@@ -406,20 +428,21 @@ async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Err(m) => return bad_request(m),
     };
     let read = id.clone();
-    let own = match off_runtime(&api, move |h| h.inference(&read)).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
     let path = format!("/v1/local/inferences/{}", percent_encode(&id));
-    let (answers, errors) = gather(&api, own, path).await;
-    settle(&api, move || match merge_inference(&id, answers) {
-        Ok(Some(out)) => Json(out).into_response(),
-        Ok(None) => error(
-            StatusCode::NOT_FOUND,
-            format!("no series of inference {id:?}"),
-        ),
-        Err(why) => unavailable(why, &errors),
-    })
+    fan_out(
+        &api,
+        move |h| h.inference(&read),
+        path,
+        move |answers| {
+            Ok(match merge_inference(&id, answers)? {
+                Some(out) => Json(out).into_response(),
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    format!("no series of inference {id:?}"),
+                ),
+            })
+        },
+    )
     .await
 }
 
@@ -428,17 +451,12 @@ async fn leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Ok(r) => r,
         Err(m) => return bad_request(m),
     };
-    let own = match off_runtime(&api, |h| h.board()).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
-    let (answers, errors) = gather(&api, own, "/v1/local/leaderboard".into()).await;
-    settle(&api, move || {
-        match merge_board(answers, rubric.as_deref()) {
-            Ok(out) => Json(out).into_response(),
-            Err(why) => unavailable(why, &errors),
-        }
-    })
+    fan_out(
+        &api,
+        |h| h.board(),
+        "/v1/local/leaderboard".into(),
+        move |answers| Ok(Json(merge_board(answers, rubric.as_deref())?).into_response()),
+    )
     .await
 }
 
@@ -446,15 +464,12 @@ async fn rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
     if let Err(m) = params_from(&uri, &[]) {
         return bad_request(m);
     }
-    let own = match off_runtime(&api, |h| h.rubrics()).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
-    let (answers, errors) = gather(&api, own, "/v1/local/rubrics".into()).await;
-    settle(&api, move || match merge_rubrics(answers) {
-        Ok(out) => Json(out).into_response(),
-        Err(why) => unavailable(why, &errors),
-    })
+    fan_out(
+        &api,
+        |h| h.rubrics(),
+        "/v1/local/rubrics".into(),
+        |answers| Ok(Json(merge_rubrics(answers)?).into_response()),
+    )
     .await
 }
 
@@ -467,19 +482,17 @@ async fn voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Err(m) => return bad_request(m),
     };
     let read = id.clone();
-    let own = match off_runtime(&api, move |h| h.voter(&read)).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
     let path = format!("/v1/local/voters/{}", percent_encode(&id));
-    let (answers, errors) = gather(&api, own, path).await;
-    settle(&api, move || match merge_voters(answers, VoterOrder::VoterId, usize::MAX) {
-        Ok(out) if out.voters.is_empty() => error(
-            StatusCode::NOT_FOUND,
-            format!("no rated votes of voter {id:?} (a vote counts once its batch closes with another vote)"),
-        ),
-        Ok(out) => Json(out).into_response(),
-        Err(why) => unavailable(why, &errors),
+    fan_out(&api, move |h| h.voter(&read), path, move |answers| {
+        let out = merge_voters(answers, VoterOrder::VoterId, usize::MAX)?;
+        Ok(if out.voters.is_empty() {
+            error(
+                StatusCode::NOT_FOUND,
+                format!("no rated votes of voter {id:?} (a vote counts once its batch closes with another vote)"),
+            )
+        } else {
+            Json(out).into_response()
+        })
     })
     .await
 }
@@ -490,19 +503,16 @@ async fn voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
         Err(m) => return bad_request(m),
     };
     let read = rubric.clone();
-    let own = match off_runtime(&api, move |h| h.voters_of(&read)).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
     let path = format!(
         "/v1/local/voters?voter_prompt_id={}",
         percent_encode(&rubric)
     );
-    let (answers, errors) = gather(&api, own, path).await;
-    settle(&api, move || match merge_voters(answers, order, limit) {
-        Ok(out) => Json(out).into_response(),
-        Err(why) => unavailable(why, &errors),
-    })
+    fan_out(
+        &api,
+        move |h| h.voters_of(&read),
+        path,
+        move |answers| Ok(Json(merge_voters(answers, order, limit)?).into_response()),
+    )
     .await
 }
 
@@ -675,5 +685,97 @@ mod query_tests {
                 .starts_with("http://127.0.0.1:1/v1/rubrics: "),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod fan_out_tests {
+    use super::*;
+    use crate::api::{covering, PartAnswer};
+
+    /// An answer holding one partition of a two-partition topic.
+    fn holding(partition: i32, data: Vec<u64>) -> LocalAnswer<u64> {
+        LocalAnswer {
+            topics: [("votes".to_owned(), 2)].into(),
+            partitions: vec![PartAnswer {
+                topic: "votes".into(),
+                partition,
+                ready: true,
+                data,
+            }],
+        }
+    }
+
+    /// A peer that answers `GET /v1/local/things` (with the token) for
+    /// partition 1; its base URL.
+    async fn peer() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route(
+            "/v1/local/things",
+            get(|headers: axum::http::HeaderMap| async move {
+                assert_eq!(headers[header::AUTHORIZATION], "Bearer tok");
+                Json(holding(1, vec![3, 4]))
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    async fn body(r: Response) -> (StatusCode, Option<HeaderValue>, serde_json::Value) {
+        let status = r.status();
+        let retry = r.headers().get(header::RETRY_AFTER).cloned();
+        let bytes = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, retry, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[test]
+    fn fan_out_merges_this_instance_and_its_peers_answers() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let peer = peer().await;
+            let api = Api::new(
+                Arc::new(Holdings::new(0.5)),
+                "tok",
+                &[peer.clone()],
+                Duration::from_secs(5),
+            );
+            // Each partition's data once, in partition order.
+            let merge = |answers: Vec<LocalAnswer<u64>>| {
+                Ok(Json(covering(answers)?.concat()).into_response())
+            };
+            let own = || move |_: &Holdings| Ok(holding(0, vec![1, 2]));
+
+            let r = fan_out(&api, own(), "/v1/local/things".into(), merge).await;
+            let (status, _, json) = body(r).await;
+            assert_eq!(status, StatusCode::OK, "{json}");
+            assert_eq!(json, serde_json::json!([1, 2, 3, 4]));
+
+            // A peer route that fails and a peer that is down: partition 1
+            // is held by no one, a 503 that names both peers' errors.
+            let api = Api::new(
+                Arc::new(Holdings::new(0.5)),
+                "tok",
+                &[peer, "http://127.0.0.1:1".into()],
+                Duration::from_secs(5),
+            );
+            let r = fan_out(&api, own(), "/v1/local/nothing".into(), merge).await;
+            let (status, retry, json) = body(r).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{json}");
+            assert_eq!(retry.unwrap(), "1");
+            let msg = json["error"].as_str().unwrap();
+            assert!(msg.contains("votes-1"), "{msg}");
+            assert!(msg.contains("/v1/local/nothing: 404"), "{msg}");
+            assert!(
+                msg.contains("http://127.0.0.1:1/v1/local/nothing: "),
+                "{msg}"
+            );
+        });
     }
 }
