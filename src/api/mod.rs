@@ -17,7 +17,7 @@ pub mod http;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
-use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::agreement::{ReviewerStats, RubricRow, RubricSums, VoterRow};
@@ -194,10 +194,13 @@ pub struct VotersOut {
     pub voters: Vec<VoterRow>,
 }
 
-/// The order of `GET /v1/voters?voter_prompt_id=R`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The order of `GET /v1/voters?voter_prompt_id=R` (its `order`
+/// parameter: `voter_id`, the default, or `deviation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum VoterOrder {
     /// `voter_id` byte order.
+    #[default]
     VoterId,
     /// `mean_sq_deviation` descending (the reviewers who disagree most
     /// first), then `voter_id`.
@@ -553,7 +556,9 @@ pub const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'_')
     .remove(b'~');
 
-/// `s` percent-encoded as one path segment or query value ([`COMPONENT`]).
+/// `s` percent-encoded as one path segment or query value ([`COMPONENT`]):
+/// how an instance names an id or a rubric to its peers, and `query` to
+/// the service.
 pub fn percent_encode(s: &str) -> String {
     utf8_percent_encode(s, COMPONENT).to_string()
 }
@@ -566,27 +571,6 @@ pub fn malformed_escape(raw: &str) -> Option<usize> {
     let b = raw.as_bytes();
     let hex = |i: usize| b.get(i).is_some_and(u8::is_ascii_hexdigit);
     (0..b.len()).find(|&i| b[i] == b'%' && !(hex(i + 1) && hex(i + 2)))
-}
-
-/// Decodes one percent-encoded URL component strictly: `%` must be
-/// followed by two hex digits ([`malformed_escape`]), and the result must
-/// be UTF-8 (ids are JSON strings). `plus_is_space` for query strings
-/// (form encoding).
-pub fn percent_decode(s: &str, plus_is_space: bool) -> Result<String, String> {
-    if let Some(i) = malformed_escape(s) {
-        return Err(format!("malformed percent-encoding at byte {i}"));
-    }
-    let spaced;
-    let s = if plus_is_space && s.contains('+') {
-        spaced = s.replace('+', " ");
-        &spaced
-    } else {
-        s
-    };
-    percent_decode_str(s)
-        .decode_utf8()
-        .map(|d| d.into_owned())
-        .map_err(|_| "the decoded id is not UTF-8".to_owned())
 }
 
 #[cfg(test)]
