@@ -18,12 +18,11 @@
 //! The group's routes share one fan-out ([`fan_out`]). Errors, the
 //! extractors' rejections included, are `{"error": …}`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use std::collections::HashMap;
-
 use axum::extract::{FromRequestParts, Path, Query, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode, Uri};
@@ -251,7 +250,8 @@ pub fn canonical_query(query: &str) -> Result<String, String> {
     let mut pairs: Vec<(String, &str)> = Vec::new();
     let mut last: HashMap<String, usize> = HashMap::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
-        // (`value` empty but inside `query`: its offset is computed.)
+        // No `=`: the value is the empty slice at the pair's end (still
+        // inside `query`, for the byte offsets below).
         let (name, value) = pair.split_once('=').unwrap_or((pair, &pair[pair.len()..]));
         for part in [name, value] {
             let at = part.as_ptr() as usize - query.as_ptr() as usize;
