@@ -51,6 +51,7 @@ use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
 use hyper::{header, Request};
 use hyper_util::rt::TokioIo;
+use jurystream::api::percent_encode;
 
 /// Longest wait for one answer before it counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -125,19 +126,6 @@ fn parse_args() -> Args {
         usage();
     }
     a
-}
-
-/// Every byte except ASCII letters, digits and `-._~` as `%XX`.
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &b in s.as_bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[derive(Default)]

@@ -1,116 +1,107 @@
-//! Arbitrary text → the query API's request parsing (SPEC §9, §11), the
-//! pure functions its handlers call (`api::http`): the id of
-//! `/v1/inferences/{id}` and `/v1/voters/{id}`, the query parameters of
-//! every route (`voter_prompt_id`, `order`, `limit`; none for
-//! `/v1/rubrics`), and the percent-decoding under them.
+//! Arbitrary text → the query API's request parsing (SPEC §9, §11) short
+//! of a request (`query_router` sends whole requests): the query string
+//! of every route (`canonical_query`, then axum's `Query` into the route's
+//! struct, `params`), the check of `%` escapes (`malformed_escape`) and
+//! the encoding of what an instance forwards to its peers
+//! (`percent_encode`).
 //!
-//! Checked, besides "no panic": an accepted id has 1..=256 bytes; what an
-//! instance forwards to its peers (`/v1/local/inferences/{enc(id)}`,
-//! `/v1/local/voters?voter_prompt_id={enc(rubric)}`) is a valid URI that
-//! the peer parses back to the same id or rubric; a parameter map holds
-//! only allowed names; `limit` is in 1..=10000; `percent_encode` is
-//! undone by `percent_decode`.
+//! Checked, besides "no panic": a canonical query is its own canonical
+//! form and names each parameter once; a route without parameters takes
+//! only an empty query; `limit` is in 1..=10000; what an instance forwards
+//! to its peers (`/v1/local/inferences/{enc(id)}`,
+//! `/v1/local/voters?voter_prompt_id={enc(rubric)}`) is a valid URI with
+//! well-formed escapes that decodes (or parses) back to the same id or
+//! rubric.
 #![no_main]
 
 use axum::http::Uri;
 use jurystream::api::http::{
-    id_from_path, query_params, rubric_from, voters_query, VOTERS_DEFAULT_LIMIT, VOTERS_MAX_LIMIT,
+    canonical_query, params, LeaderboardParams, NoParams, RubricParams, VotersParams,
+    VOTERS_DEFAULT_LIMIT, VOTERS_MAX_LIMIT,
 };
-use jurystream::api::{percent_decode, percent_encode, VoterOrder};
+use jurystream::api::{malformed_escape, percent_encode, VoterOrder};
 use libfuzzer_sys::fuzz_target;
 
-const VOTERS: [&str; 3] = ["voter_prompt_id", "order", "limit"];
-
 fuzz_target!(|data: &[u8]| {
-    // The handlers see `Uri::path()` and `Uri::query()` (ASCII); the
+    // Handlers see `Uri::path()` and `Uri::query()` (ASCII); the
     // functions take any text.
     let text = String::from_utf8_lossy(data);
     let s: &str = &text;
 
-    // Encoding round trip, for any text.
+    // Encoding, for any text: unreserved bytes and escapes only, decoded
+    // back as is, and a path segment the peer's router sees whole.
     let enc = percent_encode(s);
     assert!(enc
         .bytes()
         .all(|c| c.is_ascii_alphanumeric() || b"-._~%".contains(&c)));
-    assert_eq!(percent_decode(&enc, false).as_deref(), Ok(s));
-    assert_eq!(percent_decode(&enc, true).as_deref(), Ok(s));
-
-    // Decoding: never longer; in a query, '+' is what %20 is.
-    if let Ok(d) = percent_decode(s, false) {
-        assert!(d.len() <= s.len());
-    }
+    assert_eq!(malformed_escape(&enc), None);
     assert_eq!(
-        percent_decode(s, true).ok(),
-        percent_decode(&s.replace('+', "%20"), false).ok()
+        percent_encoding::percent_decode_str(&enc).decode_utf8().as_deref(),
+        Ok(s)
     );
-
-    // `/v1/inferences/{id}` and `/v1/voters/{id}`: the text as the path.
-    for what in ["inference id", "voter id"] {
-        if let Ok(id) = id_from_path(s, what) {
-            assert!((1..=256).contains(&id.len()), "id of {} bytes", id.len());
-            let last = s.rsplit('/').next().unwrap();
-            assert_eq!(percent_decode(last, false).as_deref(), Ok(id.as_str()));
-            // The peer request (`inference`, `voter` in api/http.rs).
-            for route in ["/v1/local/inferences/", "/v1/local/voters/"] {
-                let path = format!("{route}{}", percent_encode(&id));
-                let uri: Uri = path.parse().expect("the forwarded path is a URI");
-                assert_eq!(uri.path(), path);
-                assert_eq!(id_from_path(uri.path(), what).as_deref(), Ok(id.as_str()));
-            }
-        }
+    for route in ["/v1/local/inferences/", "/v1/local/voters/"] {
+        let path = format!("{route}{enc}");
+        let uri: Uri = path.parse().expect("the forwarded path is a URI");
+        assert_eq!(uri.path(), path);
     }
 
-    // The text as the query string (after `?`), for each route's names.
-    for allowed in [&[][..], &["voter_prompt_id"][..], &VOTERS[..]] {
-        if let Ok(p) = query_params(s, allowed) {
-            assert!(p.keys().all(|k| allowed.contains(&k.as_str())), "{p:?}");
-            if allowed.is_empty() {
-                assert!(
-                    s.split('&').all(str::is_empty),
-                    "/v1/rubrics takes no parameter"
-                );
-            }
-        }
+    // A malformed escape is one: '%' without two hex digits after it.
+    if let Some(i) = malformed_escape(s) {
+        assert_eq!(s.as_bytes()[i], b'%');
+        let next = &s.as_bytes()[i + 1..];
+        assert!(next.len() < 2 || !next[..2].iter().all(u8::is_ascii_hexdigit));
     }
 
-    // `/v1/leaderboard?voter_prompt_id=R`
-    if let Ok(r) = rubric_from(s) {
-        let p = query_params(s, &["voter_prompt_id"]).expect("same parameters");
-        assert_eq!(r.as_ref(), p.get("voter_prompt_id"));
+    // The text as the query string (after `?`).
+    if let Ok(c) = canonical_query(s) {
+        assert_eq!(canonical_query(&c).as_deref(), Ok(c.as_str()), "idempotent");
+        assert!(c.len() <= s.len());
+        let names: Vec<&str> = c
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| p.split_once('=').map_or(p, |(k, _)| k))
+            .collect();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "a name twice in {c:?}");
+        if params::<NoParams>(s).is_ok() {
+            assert!(c.is_empty(), "/v1/rubrics takes no parameter: {s:?}");
+        }
+    } else {
+        assert!(params::<NoParams>(s).is_err());
+    }
+
+    // `/v1/leaderboard?voter_prompt_id=R`: the same rubric as the peers'
+    // route reads.
+    if let Ok(LeaderboardParams { voter_prompt_id }) = params(s) {
+        match params::<RubricParams>(s) {
+            Ok(r) => assert_eq!(Some(r.voter_prompt_id), voter_prompt_id),
+            Err(_) => assert_eq!(voter_prompt_id, None),
+        }
     }
 
     // `/v1/voters?voter_prompt_id=R&order=…&limit=N`
-    match voters_query(s) {
-        Ok((rubric, order, limit)) => {
-            assert!((1..=VOTERS_MAX_LIMIT).contains(&limit), "limit {limit}");
-            let p = query_params(s, &VOTERS).expect("same parameters");
-            assert_eq!(p.get("voter_prompt_id"), Some(&rubric));
-            match p.get("limit") {
-                None => assert_eq!(limit, VOTERS_DEFAULT_LIMIT),
-                Some(l) => assert_eq!(l.parse::<usize>(), Ok(limit)),
-            }
-            match p.get("order").map(String::as_str) {
-                Some("deviation") => assert_eq!(order, VoterOrder::Deviation),
-                _ => assert_eq!(order, VoterOrder::VoterId),
-            }
-            // The peer request (`voters` in api/http.rs).
-            let path = format!(
-                "/v1/local/voters?voter_prompt_id={}",
-                percent_encode(&rubric)
-            );
-            let uri: Uri = path.parse().expect("the forwarded path is a URI");
-            let back = query_params(uri.query().unwrap_or_default(), &["voter_prompt_id"]);
-            assert_eq!(back.unwrap().get("voter_prompt_id"), Some(&rubric));
+    if let Ok(VotersParams {
+        voter_prompt_id,
+        order,
+        limit,
+    }) = params(s)
+    {
+        assert!((1..=VOTERS_MAX_LIMIT).contains(&limit), "limit {limit}");
+        if !s.contains("limit") && !s.contains('%') {
+            assert_eq!(limit, VOTERS_DEFAULT_LIMIT);
         }
-        Err(m) => {
-            assert!(!m.is_empty());
-            // A well-formed query that names the rubric fails only on a
-            // bad order or limit.
-            if let Ok(p) = query_params(s, &VOTERS) {
-                if p.contains_key("voter_prompt_id") {
-                    assert!(m.starts_with("order") || m.starts_with("limit"), "{m}");
-                }
-            }
+        if !s.contains("deviation") && !s.contains('%') {
+            assert_eq!(order, VoterOrder::VoterId);
         }
+        // The peer request (`voters` in api/http.rs).
+        let path = format!(
+            "/v1/local/voters?voter_prompt_id={}",
+            percent_encode(&voter_prompt_id)
+        );
+        let uri: Uri = path.parse().expect("the forwarded path is a URI");
+        let back = params::<RubricParams>(uri.query().unwrap_or_default());
+        assert_eq!(back.ok().map(|r| r.voter_prompt_id), Some(voter_prompt_id));
     }
 });

@@ -12,13 +12,19 @@
 //!   each other.
 //!
 //! Every `/v1/*` route needs `Authorization: Bearer <api.token>` when a
-//! token is configured. Errors are `{"error": …}`.
+//! token is configured. Ids come from axum's `Path` ([`Id`]), query
+//! parameters from axum's `Query` into one struct per route that refuses
+//! unknown parameters ([`Params`]); both are strict about `%` escapes.
+//! The group's routes share one fan-out ([`fan_out`]). Errors, the
+//! extractors' rejections included, are `{"error": …}`.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -28,14 +34,15 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Chain, Classify, Fault, RetryHint};
 
 use super::{
-    merge_board, merge_inference, merge_rubrics, merge_voters, percent_decode, percent_encode,
-    Holdings, LocalAnswer, VoterOrder,
+    malformed_escape, merge_board, merge_inference, merge_rubrics, merge_voters, percent_encode,
+    Holdings, LocalAnswer, Unavailable, VoterOrder,
 };
 
 /// Longest id (SPEC §1).
@@ -117,16 +124,16 @@ pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
 /// The `/v1/*` routes.
 pub fn routes(api: Arc<Api>) -> Router {
     Router::new()
-        .route("/v1/inferences/{id}", get(inference))
+        .route("/v1/inferences/{inference_id}", get(inference))
         .route("/v1/leaderboard", get(leaderboard))
-        .route("/v1/local/inferences/{id}", get(local_inference))
+        .route("/v1/local/inferences/{inference_id}", get(local_inference))
         .route("/v1/local/leaderboard", get(local_leaderboard))
         .route("/v1/rubrics", get(rubrics))
         .route("/v1/voters", get(voters))
-        .route("/v1/voters/{id}", get(voter))
+        .route("/v1/voters/{voter_id}", get(voter))
         .route("/v1/local/rubrics", get(local_rubrics))
         .route("/v1/local/voters", get(local_voters))
-        .route("/v1/local/voters/{id}", get(local_voter))
+        .route("/v1/local/voters/{voter_id}", get(local_voter))
         .route("/v1/openapi.json", get(openapi))
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), auth))
         .with_state(api)
@@ -155,94 +162,171 @@ async fn auth(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response
     next.run(req).await
 }
 
-/// The id in `/…/inferences/{id}` (or `/…/voters/{id}`: `what` names
-/// it), decoded and checked. Errors are the message of a 400 (see
-/// [`bad_request`]).
-fn id_from(uri: &Uri, what: &str) -> Result<String, String> {
-    id_from_path(uri.path(), what)
-}
-
-/// [`id_from`] on the request's path: its last segment, percent-decoded,
-/// 1..=256 bytes. Pure, public for the fuzz targets (`fuzz/`).
-pub fn id_from_path(path: &str, what: &str) -> Result<String, String> {
-    let raw = path.rsplit('/').next().unwrap_or_default();
-    let id = percent_decode(raw, false).map_err(|e| format!("{what}: {e}"))?;
-    if id.is_empty() || id.len() > MAX_ID_BYTES {
-        return Err(format!("{what}: must be 1..={MAX_ID_BYTES} bytes"));
-    }
-    Ok(id)
+/// The rejection handler: an extractor's refusal (a bad query string or
+/// path parameter: 400) as the API's JSON error, with its status.
+fn rejected(status: StatusCode, text: String) -> Response {
+    error(status, text)
 }
 
 fn bad_request(message: String) -> Response {
     error(StatusCode::BAD_REQUEST, message)
 }
 
-/// The query parameters of a request, each one of `allowed` (the last
-/// occurrence wins); an unknown one or a bad escape is an error.
-fn params_from(
-    uri: &Uri,
-    allowed: &[&str],
-) -> Result<std::collections::HashMap<String, String>, String> {
-    query_params(uri.query().unwrap_or_default(), allowed)
-}
+/// The `{inference_id}` or `{voter_id}` of a route: axum's `Path`, strict.
+/// An id that is not UTF-8 once decoded is a 400 (axum's rejection), and
+/// so is a malformed `%` escape in the raw segment (see
+/// [`malformed_escape`]), an empty id or one over 256 bytes (SPEC §1).
+/// Messages name the parameter as the OpenAPI document does.
+pub struct Id(pub String);
 
-/// [`params_from`] on the raw query string (without its `?`). Pure,
-/// public for the fuzz targets (`fuzz/`).
-pub fn query_params(
-    query: &str,
-    allowed: &[&str],
-) -> Result<std::collections::HashMap<String, String>, String> {
-    let mut out = std::collections::HashMap::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let bad = |e: String| format!("query string: {e}");
-        let k = percent_decode(k, true).map_err(bad)?;
-        if !allowed.contains(&k.as_str()) {
-            let known = if allowed.is_empty() {
-                "this route takes none".to_owned()
-            } else {
-                format!("only {}", allowed.join(", "))
-            };
-            return Err(bad(format!("unknown parameter {k:?} ({known})")));
+impl<S: Send + Sync> FromRequestParts<S> for Id {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Id, Response> {
+        let Path(mut params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| rejected(r.status(), r.body_text()))?;
+        let (key, id) = match (params.pop(), params.is_empty()) {
+            (Some(p), true) => p,
+            _ => {
+                return Err(error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "a route with an id takes one path parameter",
+                ))
+            }
+        };
+        // The id routes end with their one parameter, and it matched one
+        // raw segment: the path's last (axum only has it decoded).
+        let raw = parts.uri.path().rsplit('/').next().unwrap_or_default();
+        if let Some(i) = malformed_escape(raw) {
+            return Err(bad_request(format!(
+                "{key}: malformed percent-encoding at byte {i}"
+            )));
         }
-        out.insert(k, percent_decode(v, true).map_err(bad)?);
+        if id.is_empty() || id.len() > MAX_ID_BYTES {
+            return Err(bad_request(format!(
+                "{key}: must be 1..={MAX_ID_BYTES} bytes once decoded"
+            )));
+        }
+        Ok(Id(id))
     }
-    Ok(out)
 }
 
-/// The `voter_prompt_id` filter of a leaderboard request, from its raw
-/// query string. Pure, public for the fuzz targets (`fuzz/`).
-pub fn rubric_from(query: &str) -> Result<Option<String>, String> {
-    Ok(query_params(query, &["voter_prompt_id"])?.remove("voter_prompt_id"))
+/// A route's query parameters, `T` one of the query structs below (each
+/// `deny_unknown_fields`: any other parameter is a 400): axum's `Query`
+/// on [`canonical_query`], its rejection a JSON 400.
+pub struct Params<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Params<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Params<T>, Response> {
+        params(parts.uri.query().unwrap_or_default()).map(Params)
+    }
+}
+
+/// [`Params`] on a raw query string (without its `?`). Public for the fuzz
+/// targets (`fuzz/`).
+#[allow(clippy::result_large_err)]
+pub fn params<T: DeserializeOwned>(query: &str) -> Result<T, Response> {
+    let bad = |m: String| bad_request(format!("query string: {m}"));
+    let canonical = canonical_query(query).map_err(bad)?;
+    let uri: Uri = format!("/?{canonical}")
+        .parse()
+        .map_err(|e| bad(format!("{e}")))?;
+    Query::<T>::try_from_uri(&uri)
+        .map(|Query(t)| t)
+        .map_err(|r| rejected(r.status(), r.body_text()))
+}
+
+/// A raw query string as the query structs read it, or what is wrong with
+/// it: every `%` escape well-formed and every name and value UTF-8 once
+/// decoded (axum's `Query` passes a malformed `%` through and replaces
+/// bytes that are not UTF-8, SPEC §9 wants a 400); each parameter once, at
+/// its last value (the OpenAPI document: "when a parameter is repeated the
+/// last one counts"; a query struct refuses a repeated field); no empty
+/// pair. Pure, public for the fuzz targets (`fuzz/`).
+pub fn canonical_query(query: &str) -> Result<String, String> {
+    let mut pairs: Vec<(String, &str)> = Vec::new();
+    let mut last: HashMap<String, usize> = HashMap::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        // No `=`: the value is the empty slice at the pair's end (still
+        // inside `query`, for the byte offsets below).
+        let (name, value) = pair.split_once('=').unwrap_or((pair, &pair[pair.len()..]));
+        for part in [name, value] {
+            let at = part.as_ptr() as usize - query.as_ptr() as usize;
+            if let Some(i) = malformed_escape(part) {
+                return Err(format!("malformed percent-encoding at byte {}", at + i));
+            }
+            if percent_decode_str(part).decode_utf8().is_err() {
+                return Err(format!(
+                    "the parameter at byte {at} is not UTF-8 once decoded"
+                ));
+            }
+        }
+        let name = percent_decode_str(&name.replace('+', " "))
+            .decode_utf8_lossy()
+            .into_owned();
+        last.insert(name.clone(), pairs.len());
+        pairs.push((name, pair));
+    }
+    let kept: Vec<&str> = pairs
+        .iter()
+        .enumerate()
+        .filter(|(i, (name, _))| last[name] == *i)
+        .map(|(_, (_, pair))| *pair)
+        .collect();
+    Ok(kept.join("&"))
+}
+
+/// Routes that take no query parameter.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
+
+/// `GET /v1/leaderboard[?voter_prompt_id=R]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaderboardParams {
+    pub voter_prompt_id: Option<String>,
+}
+
+/// `GET /v1/local/voters?voter_prompt_id=R`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RubricParams {
+    pub voter_prompt_id: String,
+}
+
+/// `GET /v1/voters?voter_prompt_id=R[&order=voter_id|deviation][&limit=N]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VotersParams {
+    /// The rubric whose reviewers to list.
+    pub voter_prompt_id: String,
+    #[serde(default)]
+    pub order: VoterOrder,
+    /// 1..=[`VOTERS_MAX_LIMIT`], [`VOTERS_DEFAULT_LIMIT`] when absent.
+    #[serde(default = "default_limit", deserialize_with = "limit")]
+    pub limit: usize,
 }
 
 /// Reviewers listed by `GET /v1/voters` when `limit` is absent, and at most.
 pub const VOTERS_DEFAULT_LIMIT: usize = 100;
 pub const VOTERS_MAX_LIMIT: usize = 10_000;
 
-/// `GET /v1/voters`: the rubric (required), the order and the limit, from
-/// the raw query string. Pure, public for the fuzz targets (`fuzz/`).
-pub fn voters_query(query: &str) -> Result<(String, VoterOrder, usize), String> {
-    let mut p = query_params(query, &["voter_prompt_id", "order", "limit"])?;
-    let rubric = p
-        .remove("voter_prompt_id")
-        .ok_or("voter_prompt_id is required (the rubric whose reviewers to list)")?;
-    let order = match p.remove("order").as_deref() {
-        None | Some("voter_id") => VoterOrder::VoterId,
-        Some("deviation") => VoterOrder::Deviation,
-        Some(o) => return Err(format!("order: {o:?} is not deviation or voter_id")),
-    };
-    let limit = match p.remove("limit") {
-        None => VOTERS_DEFAULT_LIMIT,
-        Some(l) => l
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=VOTERS_MAX_LIMIT).contains(n))
-            .ok_or(format!(
-                "limit: {l:?} is not an integer in 1..={VOTERS_MAX_LIMIT}"
-            ))?,
-    };
-    Ok((rubric, order, limit))
+fn default_limit() -> usize {
+    VOTERS_DEFAULT_LIMIT
+}
+
+fn limit<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    let l = String::deserialize(d)?;
+    l.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=VOTERS_MAX_LIMIT).contains(n))
+        .ok_or_else(|| {
+            serde::de::Error::custom(format!("{l:?} is not an integer in 1..={VOTERS_MAX_LIMIT}"))
+        })
 }
 
 fn store_error(e: crate::state::StoreError) -> Response {
@@ -272,46 +356,41 @@ async fn settle(api: &Arc<Api>, answer: impl FnOnce() -> Response + Send + 'stat
     }
 }
 
-async fn local_inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    if let Err(m) = params_from(&uri, &[]) {
-        return bad_request(m);
-    }
-    match id_from(&uri, "inference id") {
-        Ok(id) => local(&api, move |h| h.inference(&id)).await,
-        Err(m) => bad_request(m),
-    }
+async fn local_inference(
+    State(api): State<Arc<Api>>,
+    Params(NoParams {}): Params<NoParams>,
+    Id(id): Id,
+) -> Response {
+    local(&api, move |h| h.inference(&id)).await
 }
 
-async fn local_leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    if let Err(m) = params_from(&uri, &[]) {
-        return bad_request(m);
-    }
+async fn local_leaderboard(
+    State(api): State<Arc<Api>>,
+    Params(NoParams {}): Params<NoParams>,
+) -> Response {
     local(&api, |h| h.board()).await
 }
 
-async fn local_rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    if let Err(m) = params_from(&uri, &[]) {
-        return bad_request(m);
-    }
+async fn local_rubrics(
+    State(api): State<Arc<Api>>,
+    Params(NoParams {}): Params<NoParams>,
+) -> Response {
     local(&api, |h| h.rubrics()).await
 }
 
-async fn local_voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    if let Err(m) = params_from(&uri, &[]) {
-        return bad_request(m);
-    }
-    match id_from(&uri, "voter id") {
-        Ok(id) => local(&api, move |h| h.voter(&id)).await,
-        Err(m) => bad_request(m),
-    }
+async fn local_voter(
+    State(api): State<Arc<Api>>,
+    Params(NoParams {}): Params<NoParams>,
+    Id(id): Id,
+) -> Response {
+    local(&api, move |h| h.voter(&id)).await
 }
 
-async fn local_voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    match params_from(&uri, &["voter_prompt_id"]).map(|mut p| p.remove("voter_prompt_id")) {
-        Ok(Some(r)) => local(&api, move |h| h.voters_of(&r)).await,
-        Ok(None) => bad_request("voter_prompt_id is required".into()),
-        Err(m) => bad_request(m),
-    }
+async fn local_voters(
+    State(api): State<Arc<Api>>,
+    Params(RubricParams { voter_prompt_id }): Params<RubricParams>,
+) -> Response {
+    local(&api, move |h| h.voters_of(&voter_prompt_id)).await
 }
 
 /// This instance's answer and every peer's (a peer that fails is left
@@ -397,112 +476,115 @@ fn unavailable(why: impl std::fmt::Display, peer_errors: &[String]) -> Response 
     r
 }
 
-async fn inference(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    if let Err(m) = params_from(&uri, &[]) {
-        return bad_request(m);
-    }
-    let id = match id_from(&uri, "inference id") {
-        Ok(id) => id,
-        Err(m) => return bad_request(m),
-    };
-    let read = id.clone();
-    let own = match off_runtime(&api, move |h| h.inference(&read)).await {
+/// The one fan-out of the group's routes: this instance's answer (`read`,
+/// off the runtime), every peer's answer to `peer_path` (a
+/// `/v1/local/*` route, [`gather`]), then `merge` of them all (off the
+/// runtime too). When `merge` finds a partition held ready by no one, the
+/// answer is a 503 that names the peers' errors.
+async fn fan_out<T: DeserializeOwned + Send + 'static>(
+    api: &Arc<Api>,
+    read: impl FnOnce(&Holdings) -> Result<LocalAnswer<T>, crate::state::StoreError> + Send + 'static,
+    peer_path: String,
+    merge: impl FnOnce(Vec<LocalAnswer<T>>) -> Result<Response, Unavailable> + Send + 'static,
+) -> Response {
+    let own = match off_runtime(api, read).await {
         Ok(a) => a,
         Err(r) => return r,
     };
+    let (answers, errors) = gather(api, own, peer_path).await;
+    settle(api, move || {
+        merge(answers).unwrap_or_else(|why| unavailable(why, &errors))
+    })
+    .await
+}
+
+async fn inference(
+    State(api): State<Arc<Api>>,
+    Params(NoParams {}): Params<NoParams>,
+    Id(id): Id,
+) -> Response {
+    let read = id.clone();
     let path = format!("/v1/local/inferences/{}", percent_encode(&id));
-    let (answers, errors) = gather(&api, own, path).await;
-    settle(&api, move || match merge_inference(&id, answers) {
-        Ok(Some(out)) => Json(out).into_response(),
-        Ok(None) => error(
-            StatusCode::NOT_FOUND,
-            format!("no series of inference {id:?}"),
-        ),
-        Err(why) => unavailable(why, &errors),
-    })
+    fan_out(
+        &api,
+        move |h| h.inference(&read),
+        path,
+        move |answers| {
+            Ok(match merge_inference(&id, answers)? {
+                Some(out) => Json(out).into_response(),
+                None => error(
+                    StatusCode::NOT_FOUND,
+                    format!("no series of inference {id:?}"),
+                ),
+            })
+        },
+    )
     .await
 }
 
-async fn leaderboard(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    let rubric = match rubric_from(uri.query().unwrap_or_default()) {
-        Ok(r) => r,
-        Err(m) => return bad_request(m),
-    };
-    let own = match off_runtime(&api, |h| h.board()).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
-    let (answers, errors) = gather(&api, own, "/v1/local/leaderboard".into()).await;
-    settle(&api, move || {
-        match merge_board(answers, rubric.as_deref()) {
-            Ok(out) => Json(out).into_response(),
-            Err(why) => unavailable(why, &errors),
-        }
-    })
+async fn leaderboard(
+    State(api): State<Arc<Api>>,
+    Params(LeaderboardParams { voter_prompt_id }): Params<LeaderboardParams>,
+) -> Response {
+    fan_out(
+        &api,
+        |h| h.board(),
+        "/v1/local/leaderboard".into(),
+        move |answers| Ok(Json(merge_board(answers, voter_prompt_id.as_deref())?).into_response()),
+    )
     .await
 }
 
-async fn rubrics(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    if let Err(m) = params_from(&uri, &[]) {
-        return bad_request(m);
-    }
-    let own = match off_runtime(&api, |h| h.rubrics()).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
-    let (answers, errors) = gather(&api, own, "/v1/local/rubrics".into()).await;
-    settle(&api, move || match merge_rubrics(answers) {
-        Ok(out) => Json(out).into_response(),
-        Err(why) => unavailable(why, &errors),
-    })
+async fn rubrics(State(api): State<Arc<Api>>, Params(NoParams {}): Params<NoParams>) -> Response {
+    fan_out(
+        &api,
+        |h| h.rubrics(),
+        "/v1/local/rubrics".into(),
+        |answers| Ok(Json(merge_rubrics(answers)?).into_response()),
+    )
     .await
 }
 
-async fn voter(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    if let Err(m) = params_from(&uri, &[]) {
-        return bad_request(m);
-    }
-    let id = match id_from(&uri, "voter id") {
-        Ok(id) => id,
-        Err(m) => return bad_request(m),
-    };
+async fn voter(
+    State(api): State<Arc<Api>>,
+    Params(NoParams {}): Params<NoParams>,
+    Id(id): Id,
+) -> Response {
     let read = id.clone();
-    let own = match off_runtime(&api, move |h| h.voter(&read)).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
     let path = format!("/v1/local/voters/{}", percent_encode(&id));
-    let (answers, errors) = gather(&api, own, path).await;
-    settle(&api, move || match merge_voters(answers, VoterOrder::VoterId, usize::MAX) {
-        Ok(out) if out.voters.is_empty() => error(
-            StatusCode::NOT_FOUND,
-            format!("no rated votes of voter {id:?} (a vote counts once its batch closes with another vote)"),
-        ),
-        Ok(out) => Json(out).into_response(),
-        Err(why) => unavailable(why, &errors),
+    fan_out(&api, move |h| h.voter(&read), path, move |answers| {
+        let out = merge_voters(answers, VoterOrder::VoterId, usize::MAX)?;
+        Ok(if out.voters.is_empty() {
+            error(
+                StatusCode::NOT_FOUND,
+                format!("no rated votes of voter {id:?} (a vote counts once its batch closes with another vote)"),
+            )
+        } else {
+            Json(out).into_response()
+        })
     })
     .await
 }
 
-async fn voters(State(api): State<Arc<Api>>, uri: Uri) -> Response {
-    let (rubric, order, limit) = match voters_query(uri.query().unwrap_or_default()) {
-        Ok(q) => q,
-        Err(m) => return bad_request(m),
-    };
+async fn voters(
+    State(api): State<Arc<Api>>,
+    Params(VotersParams {
+        voter_prompt_id: rubric,
+        order,
+        limit,
+    }): Params<VotersParams>,
+) -> Response {
     let read = rubric.clone();
-    let own = match off_runtime(&api, move |h| h.voters_of(&read)).await {
-        Ok(a) => a,
-        Err(r) => return r,
-    };
     let path = format!(
         "/v1/local/voters?voter_prompt_id={}",
         percent_encode(&rubric)
     );
-    let (answers, errors) = gather(&api, own, path).await;
-    settle(&api, move || match merge_voters(answers, order, limit) {
-        Ok(out) => Json(out).into_response(),
-        Err(why) => unavailable(why, &errors),
-    })
+    fan_out(
+        &api,
+        move |h| h.voters_of(&read),
+        path,
+        move |answers| Ok(Json(merge_voters(answers, order, limit)?).into_response()),
+    )
     .await
 }
 
@@ -675,5 +757,97 @@ mod query_tests {
                 .starts_with("http://127.0.0.1:1/v1/rubrics: "),
             "{err}"
         );
+    }
+}
+
+#[cfg(test)]
+mod fan_out_tests {
+    use super::*;
+    use crate::api::{covering, PartAnswer};
+
+    /// An answer holding one partition of a two-partition topic.
+    fn holding(partition: i32, data: Vec<u64>) -> LocalAnswer<u64> {
+        LocalAnswer {
+            topics: [("votes".to_owned(), 2)].into(),
+            partitions: vec![PartAnswer {
+                topic: "votes".into(),
+                partition,
+                ready: true,
+                data,
+            }],
+        }
+    }
+
+    /// A peer that answers `GET /v1/local/things` (with the token) for
+    /// partition 1; its base URL.
+    async fn peer() -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = Router::new().route(
+            "/v1/local/things",
+            get(|headers: axum::http::HeaderMap| async move {
+                assert_eq!(headers[header::AUTHORIZATION], "Bearer tok");
+                Json(holding(1, vec![3, 4]))
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}")
+    }
+
+    async fn body(r: Response) -> (StatusCode, Option<HeaderValue>, serde_json::Value) {
+        let status = r.status();
+        let retry = r.headers().get(header::RETRY_AFTER).cloned();
+        let bytes = axum::body::to_bytes(r.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, retry, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    #[test]
+    fn fan_out_merges_this_instance_and_its_peers_answers() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let peer = peer().await;
+            let api = Api::new(
+                Arc::new(Holdings::new(0.5)),
+                "tok",
+                &[peer.clone()],
+                Duration::from_secs(5),
+            );
+            // Each partition's data once, in partition order.
+            let merge = |answers: Vec<LocalAnswer<u64>>| {
+                Ok(Json(covering(answers)?.concat()).into_response())
+            };
+            let own = || move |_: &Holdings| Ok(holding(0, vec![1, 2]));
+
+            let r = fan_out(&api, own(), "/v1/local/things".into(), merge).await;
+            let (status, _, json) = body(r).await;
+            assert_eq!(status, StatusCode::OK, "{json}");
+            assert_eq!(json, serde_json::json!([1, 2, 3, 4]));
+
+            // A peer route that fails and a peer that is down: partition 1
+            // is held by no one, a 503 that names both peers' errors.
+            let api = Api::new(
+                Arc::new(Holdings::new(0.5)),
+                "tok",
+                &[peer, "http://127.0.0.1:1".into()],
+                Duration::from_secs(5),
+            );
+            let r = fan_out(&api, own(), "/v1/local/nothing".into(), merge).await;
+            let (status, retry, json) = body(r).await;
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{json}");
+            assert_eq!(retry.unwrap(), "1");
+            let msg = json["error"].as_str().unwrap();
+            assert!(msg.contains("votes-1"), "{msg}");
+            assert!(msg.contains("/v1/local/nothing: 404"), "{msg}");
+            assert!(
+                msg.contains("http://127.0.0.1:1/v1/local/nothing: "),
+                "{msg}"
+            );
+        });
     }
 }

@@ -17,6 +17,7 @@ pub mod http;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::agreement::{ReviewerStats, RubricRow, RubricSums, VoterRow};
@@ -193,10 +194,13 @@ pub struct VotersOut {
     pub voters: Vec<VoterRow>,
 }
 
-/// The order of `GET /v1/voters?voter_prompt_id=R`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The order of `GET /v1/voters?voter_prompt_id=R` (its `order`
+/// parameter: `voter_id`, the default, or `deviation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum VoterOrder {
     /// `voter_id` byte order.
+    #[default]
     VoterId,
     /// `mean_sq_deviation` descending (the reviewers who disagree most
     /// first), then `voter_id`.
@@ -542,55 +546,31 @@ pub fn merge_voters(
     Ok(VotersOut { voters })
 }
 
-/// Decodes one percent-encoded URL component strictly: `%` must be
-/// followed by two hex digits, and the result must be UTF-8 (ids are JSON
-/// strings). `plus_is_space` for query strings (form encoding).
-///
-/// Written here because the `percent-encoding` crate passes a malformed
-/// `%` through unchanged, and a bad id must be a 400, not a lookup of
-/// another id.
-pub fn percent_decode(s: &str, plus_is_space: bool) -> Result<String, String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' => {
-                let hex = |c: u8| (c as char).to_digit(16);
-                match (
-                    b.get(i + 1).and_then(|&c| hex(c)),
-                    b.get(i + 2).and_then(|&c| hex(c)),
-                ) {
-                    (Some(h), Some(l)) => out.push((h * 16 + l) as u8),
-                    _ => return Err(format!("malformed percent-encoding at byte {i}")),
-                }
-                i += 3;
-            }
-            b'+' if plus_is_space => {
-                out.push(b' ');
-                i += 1;
-            }
-            c => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| "the decoded id is not UTF-8".to_owned())
+/// What an id or a rubric is percent-encoded against in a URL: every byte
+/// but RFC 3986's unreserved ones (letters, digits, `-._~`), so that one
+/// encoding is both a path segment and a query value (a space is `%20`, a
+/// `+` is `%2B`).
+pub const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// `s` percent-encoded as one path segment or query value ([`COMPONENT`]):
+/// how an instance names an id or a rubric to its peers, and `query` to
+/// the service.
+pub fn percent_encode(s: &str) -> String {
+    utf8_percent_encode(s, COMPONENT).to_string()
 }
 
-/// Percent-encodes every byte but the unreserved ones (RFC 3986), for one
-/// path segment or query value.
-pub fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &c in s.as_bytes() {
-        if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
-            out.push(c as char);
-        } else {
-            out.push_str(&format!("%{c:02X}"));
-        }
-    }
-    out
+/// The byte offset of the first `%` in `raw` that is not followed by two
+/// hex digits. `percent-encoding`'s decoder (and so axum's `Path` and
+/// `Query`) passes such a `%` through as is; here it is refused, for a bad
+/// id must be a 400, not a lookup of another id.
+pub fn malformed_escape(raw: &str) -> Option<usize> {
+    let b = raw.as_bytes();
+    let hex = |i: usize| b.get(i).is_some_and(u8::is_ascii_hexdigit);
+    (0..b.len()).find(|&i| b[i] == b'%' && !(hex(i + 1) && hex(i + 2)))
 }
 
 #[cfg(test)]

@@ -174,51 +174,68 @@ fn the_leaderboard_sd_combines_partitions() {
 }
 
 #[test]
-fn ids_decode_strictly() {
-    assert_eq!(percent_decode("a%2Fb%20c", false).unwrap(), "a/b c");
-    assert_eq!(percent_decode("a+b", false).unwrap(), "a+b");
-    assert_eq!(percent_decode("a+b", true).unwrap(), "a b");
-    assert_eq!(percent_decode("%C3%A9", false).unwrap(), "é");
-    assert!(percent_decode("%zz", false).is_err());
-    assert!(percent_decode("abc%4", false).is_err());
-    assert!(percent_decode("%FF", false).is_err(), "not UTF-8");
-    for id in ["plain", "a/b?c#d %+", "é\u{1F600}", "%41"] {
-        assert_eq!(percent_decode(&percent_encode(id), false).unwrap(), id);
+fn escapes_are_checked_and_ids_encode_for_a_path_segment() {
+    use percent_encoding::percent_decode_str;
+    assert_eq!(malformed_escape("a%2Fb%20c%c3%A9"), None);
+    assert_eq!(malformed_escape("bad%zz"), Some(3));
+    assert_eq!(malformed_escape("abc%4"), Some(3));
+    assert_eq!(malformed_escape("%%41"), Some(0));
+    for id in ["plain", "a/b?c#d %+&=", "é\u{1F600}", "%41", "-._~"] {
+        let enc = percent_encode(id);
+        assert!(enc
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || b"-._~%".contains(&c)));
+        assert_eq!(malformed_escape(&enc), None);
+        assert_eq!(percent_decode_str(&enc).decode_utf8().unwrap(), id);
     }
+    assert_eq!(percent_encode("a b+c"), "a%20b%2Bc");
 }
 
 #[test]
-fn paths_and_query_strings_parse_without_a_request() {
-    use super::http::{id_from_path, query_params, rubric_from, voters_query};
+fn query_strings_parse_into_the_query_structs() {
+    use super::http::{canonical_query, params, LeaderboardParams, NoParams, VotersParams};
+    let status = |r: axum::response::Response| r.status().as_u16();
+    assert_eq!(canonical_query("&&a=1&b&&a=2+3&").unwrap(), "b&a=2+3");
+    assert_eq!(canonical_query("a%3D=1&a==2").unwrap(), "a%3D=1&a==2");
+    assert!(canonical_query("a=%zz").unwrap_err().contains("byte 2"));
+    assert!(canonical_query("a=%FF").is_err(), "not UTF-8");
+    assert!(canonical_query("%C3=1").is_err(), "not UTF-8");
+
+    let board = |q: &str| params::<LeaderboardParams>(q).map(|p| p.voter_prompt_id);
+    assert_eq!(board("").unwrap(), None);
     assert_eq!(
-        id_from_path("/v1/inferences/inf%2F1%20%C3%A9", "inference id").unwrap(),
-        "inf/1 é"
+        board("voter_prompt_id=a&voter_prompt_id=b+c%2B").unwrap(),
+        Some("b c+".into()),
+        "the last occurrence wins; + is a space"
     );
-    assert!(id_from_path("/v1/voters/", "voter id").is_err(), "empty");
-    assert!(id_from_path(&format!("/v1/voters/{}", "a".repeat(257)), "voter id").is_err());
-    assert_eq!(rubric_from("").unwrap(), None);
+    assert_eq!(board("voter_prompt_id").unwrap(), Some(String::new()));
+    assert_eq!(board("model=x").map_err(status), Err(400));
+    assert_eq!(board("voter_prompt_id=%zz").map_err(status), Err(400));
+    assert!(params::<NoParams>("&&").is_ok());
+    assert_eq!(params::<NoParams>("a=1").map_err(status).err(), Some(400));
+
+    let voters = |q: &str| params::<VotersParams>(q).map(|p| (p.voter_prompt_id, p.order, p.limit));
     assert_eq!(
-        rubric_from("voter_prompt_id=a&voter_prompt_id=b+c").unwrap(),
-        Some("b c".into()),
-        "the last occurrence wins"
-    );
-    assert!(rubric_from("model=x").is_err());
-    assert!(query_params("a=1", &[]).is_err());
-    assert!(query_params("&&", &[]).unwrap().is_empty());
-    assert_eq!(
-        voters_query("voter_prompt_id=r").unwrap(),
+        voters("voter_prompt_id=r").unwrap(),
         ("r".into(), VoterOrder::VoterId, 100)
     );
     assert_eq!(
-        voters_query("order=deviation&limit=10000&voter_prompt_id=r").unwrap(),
+        voters("order=deviation&limit=10000&voter_prompt_id=r").unwrap(),
         ("r".into(), VoterOrder::Deviation, 10_000)
+    );
+    assert_eq!(
+        voters("voter_prompt_id=r&order=voter_id&limit=1").unwrap(),
+        ("r".into(), VoterOrder::VoterId, 1)
     );
     for bad in [
         "limit=5",
         "voter_prompt_id=r&limit=0",
+        "voter_prompt_id=r&limit=10001",
+        "voter_prompt_id=r&limit=x",
         "voter_prompt_id=r&order=x",
+        "voter_prompt_id=r&sort=x",
     ] {
-        assert!(voters_query(bad).is_err(), "{bad}");
+        assert_eq!(voters(bad).map_err(status).err(), Some(400), "{bad}");
     }
 }
 
@@ -301,6 +318,63 @@ mod served {
             routes(api),
         )
         .unwrap()
+    }
+
+    /// The extractors' refusals are the API's JSON errors (the rejection
+    /// handler), with a message that says what is wrong, and well-formed
+    /// requests get through to the answer (here a 503: no topic yet).
+    #[test]
+    fn unknown_parameters_and_bad_ids_are_json_400s() {
+        let a = server(Arc::new(Holdings::new(0.5)), &[]);
+        for (path, says) in [
+            ("/v1/leaderboard?model=x", "model"),
+            ("/v1/rubrics?voter_prompt_id=r", "voter_prompt_id"),
+            ("/v1/voters?voter_prompt_id=r&sort=x", "sort"),
+            ("/v1/voters?limit=5", "voter_prompt_id"),
+            ("/v1/voters?voter_prompt_id=r&limit=0", "limit"),
+            ("/v1/voters?voter_prompt_id=r&order=up", "order"),
+            ("/v1/inferences/i?x", "x"),
+            ("/v1/local/leaderboard?a=1", "a"),
+            ("/v1/local/voters", "voter_prompt_id"),
+            ("/v1/local/voters/v?voter_prompt_id=r", "voter_prompt_id"),
+            ("/v1/leaderboard?voter_prompt_id=%zz", "malformed"),
+            ("/v1/leaderboard?voter_prompt_id=%FF", "UTF-8"),
+            (
+                "/v1/inferences/bad%zz",
+                "inference_id: malformed percent-encoding at byte 3",
+            ),
+            ("/v1/inferences/a%4", "inference_id: malformed"),
+            ("/v1/local/inferences/%zz", "inference_id: malformed"),
+            ("/v1/voters/v%", "voter_id: malformed"),
+            ("/v1/local/voters/%C3%28", "voter_id"),
+            ("/v1/inferences/%FF", "inference_id"),
+        ] {
+            let (code, body) = get(a, path, Some("tok"));
+            assert_eq!(code, 400, "{path}: {body}");
+            let msg = body["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{path}: {body}"));
+            assert!(msg.contains(says), "{path}: {msg}");
+        }
+        let long = format!("/v1/voters/{}", "%C3%A9".repeat(129));
+        let (code, body) = get(a, &long, Some("tok"));
+        assert_eq!(code, 400, "{body}");
+        assert!(body["error"]
+            .as_str()
+            .unwrap()
+            .contains("voter_id: must be 1..=256"));
+        for path in [
+            "/v1/inferences/%25zz",
+            "/v1/voters/%C3%A9",
+            "/v1/leaderboard?voter_prompt_id=a&voter_prompt_id=b",
+            "/v1/voters?voter_prompt_id=r&order=deviation&limit=10000&limit=1",
+            "/v1/rubrics?&&",
+        ] {
+            let (code, body) = get(a, path, Some("tok"));
+            assert_eq!(code, 503, "{path}: {body}");
+        }
+        // The token is looked at first.
+        assert_eq!(get(a, "/v1/leaderboard?model=x", None).0, 401);
     }
 
     #[test]
