@@ -15,8 +15,8 @@
 
 use std::time::Instant;
 
-use jurystream::engine::agreement::RubricSums;
-use jurystream::engine::board::{fixed, fixed_square, BoardKey, BoardRow};
+use jurystream::engine::agreement::{Counted, RubricSums};
+use jurystream::engine::board::{fixed, fixed_square, gauge_rows, BoardKey, BoardRow};
 use jurystream::engine::score::{Aggregator, TimeUnit};
 use jurystream::engine::{Counters, RubricParams, ScoreUpdate, SeriesKey};
 use jurystream::telemetry::Metrics;
@@ -106,7 +106,12 @@ fn main() {
             sums.within += fixed(0.01);
         }
     }
-    m.model_board(board.iter());
+    // What the service does after a commit (service/session.rs).
+    let rows = gauge_rows(board.iter(), |k| {
+        m.pair_labels(k.model_id.as_deref(), &k.voter_prompt_id)
+    });
+    m.model_board(rows);
+    let mut counted = Counted::default();
     let mut held = Vec::new();
     for p in 0..PARTITIONS {
         let partition = format!("votes-{p}");
@@ -117,8 +122,10 @@ fn main() {
         };
         m.engine_counters(&partition, &c, 10, 1 << 20, Some(1_700_000_000_000_000_000));
         m.consumer_lag("votes", p, 42);
-        m.agreement_baseline(&partition, &Default::default());
-        m.agreement_committed(&partition, &agreement);
+        counted.baseline(&partition, &Default::default());
+        for (rubric, sums) in counted.committed(&partition, &agreement) {
+            m.agreement(&rubric, sums);
+        }
         held.push((partition, true));
     }
     m.partitions_held(held);

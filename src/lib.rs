@@ -16,6 +16,7 @@ pub mod input;
 pub mod inspect;
 pub mod output;
 pub mod replay;
+pub mod server;
 pub mod service;
 pub mod state;
 pub mod telemetry;
