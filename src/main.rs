@@ -477,7 +477,7 @@ fn replay(a: ReplayArgs) -> Outcome {
         None => None,
         Some(addr) => {
             let m = jurystream::telemetry::Metrics::new(cfg.metrics.max_label_values as usize);
-            jurystream::telemetry::serve(addr, m.clone(), Default::default())
+            jurystream::server::serve(addr, m.clone(), Default::default())
                 .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
             Some(m)
         }

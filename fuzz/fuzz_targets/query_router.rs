@@ -1,5 +1,5 @@
 //! Arbitrary requests → the HTTP server's whole router, in process
-//! (`telemetry::http::router` with the query API's routes, as `run`
+//! (`server::router` with the query API's routes, as `run`
 //! serves them), over a real RocksDB store that holds the scores of
 //! `examples/votes.jsonl`.
 //!
@@ -25,8 +25,8 @@ use http_body_util::BodyExt;
 use jurystream::api::http::{routes, Api};
 use jurystream::api::Holdings;
 use jurystream::input::{decode_vote, DecodeOptions};
+use jurystream::server::{router, AppState, Exposition, Limits};
 use jurystream::state::Store;
-use jurystream::telemetry::http::{router, AppState, Exposition, Limits};
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
 

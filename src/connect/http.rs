@@ -1,7 +1,7 @@
 //! `connect`'s routes (SPEC §12): `POST /v1/votes` and
 //! `POST /hooks/label-studio`, behind the bearer token when one is set.
 //! `/metrics`, `/healthz` and `/readyz` come from the shared server
-//! (`crate::telemetry::http`), which also limits the body (413).
+//! (`crate::server`), which also limits the body (413).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,8 +20,8 @@ use super::mapping::{annotation_votes, MappedVote, Mapping, Project};
 use super::produce::Producer;
 use super::sync::Recent;
 use crate::input::DecodeOptions;
+use crate::server::bearer_matches;
 use crate::telemetry::connect::{ConnectMetrics, Source, VoteResult};
-use crate::telemetry::http::bearer_matches;
 use crate::time::{wall_clock, Nanos};
 
 /// What the handlers share.

@@ -32,8 +32,8 @@ pub use error::ConnectError;
 use crate::config::Config;
 use crate::error::Chain;
 use crate::input::DecodeOptions;
+use crate::server::{serve_with, Limits};
 use crate::telemetry::connect::ConnectMetrics;
-use crate::telemetry::http::{serve_with, Limits};
 
 /// Runs `connect` until `stop` is set.
 pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {

@@ -34,6 +34,59 @@ pub struct RubricSums {
     pub within: i128,
 }
 
+/// The agreement sums already counted by the metrics' agreement counters,
+/// per partition and rubric: a partition's sums are counted from when it
+/// is taken into service ([`Counted::baseline`]; what was committed before
+/// counts where it happened), and after each commit by what was committed
+/// since ([`Counted::committed`]), so a cycle that is aborted and redone
+/// counts once and PromQL α over the group's counters equals α of the
+/// committed sums.
+#[derive(Debug, Default)]
+pub struct Counted {
+    partitions: std::collections::HashMap<String, FxHashMap<Id, RubricSums>>,
+}
+
+impl Counted {
+    /// A partition's sums as it is taken into service.
+    pub fn baseline(&mut self, partition: &str, sums: &FxHashMap<Id, RubricSums>) {
+        let base = sums.iter().map(|(k, v)| (k.clone(), *v)).collect();
+        self.partitions.insert(partition.to_owned(), base);
+    }
+
+    /// A partition's sums after a commit: per rubric that moved, what to add
+    /// to the counters (n, S1, S2, W, each ≥ 0).
+    pub fn committed(
+        &mut self,
+        partition: &str,
+        sums: &FxHashMap<Id, RubricSums>,
+    ) -> Vec<(Id, [f64; 4])> {
+        let folded = self.partitions.entry(partition.to_owned()).or_default();
+        let mut out = Vec::new();
+        for (rubric, now) in sums {
+            let before = folded.get(rubric).copied().unwrap_or_default();
+            if *now == before {
+                continue;
+            }
+            out.push((
+                rubric.clone(),
+                [
+                    now.pairable.saturating_sub(before.pairable) as f64,
+                    (now.sum - before.sum).max(0) as f64 / FIXED_ONE,
+                    (now.square_sum - before.square_sum).max(0) as f64 / FIXED_ONE,
+                    (now.within - before.within).max(0) as f64 / FIXED_ONE,
+                ],
+            ));
+            folded.insert(rubric.clone(), *now);
+        }
+        out
+    }
+
+    /// A partition went away.
+    pub fn forget(&mut self, partition: &str) {
+        self.partitions.remove(partition);
+    }
+}
+
 /// A denominator n·S2 − S1² at or below this fraction of n·S2 is the
 /// rounding of equal votes, not a spread: α is then undefined (null). The
 /// sums are exact to 2⁻⁶⁴ per vote, but the subtraction runs in f64, whose

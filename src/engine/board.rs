@@ -68,6 +68,30 @@ fn wide_to_f64((high, low): (u128, u128)) -> f64 {
     high as f64 * FIXED_ONE * FIXED_ONE + low as f64
 }
 
+/// The leaderboard rows merged per `label` (rows whose labels coincide,
+/// such as the pairs a metrics label cap joins, add up exactly in fixed
+/// point first), as the leaderboard gauges export them: per label, the sum
+/// of scores, the sum of squared scores and the scored series.
+pub fn gauge_rows<'a, K: Ord>(
+    rows: impl IntoIterator<Item = (&'a BoardKey, &'a BoardRow)>,
+    mut label: impl FnMut(&BoardKey) -> K,
+) -> Vec<(K, f64, f64, u64)> {
+    let mut sums: std::collections::BTreeMap<K, BoardRow> = Default::default();
+    for (k, r) in rows {
+        sums.entry(label(k)).or_default().add(r);
+    }
+    sums.into_iter()
+        .map(|(k, r)| {
+            (
+                k,
+                r.score_sum as f64 / FIXED_ONE,
+                r.score_squares as f64 / FIXED_ONE,
+                r.series,
+            )
+        })
+        .collect()
+}
+
 impl BoardRow {
     /// What one series adds to its row (`None` before its first update).
     pub fn of(s: &SeriesState) -> Option<BoardRow> {

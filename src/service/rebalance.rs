@@ -84,8 +84,10 @@ pub fn drive_restore(s: &mut Session, consumer: &Consumer) -> Result<()> {
         adopt(s, restored)?;
         for tp in &job.tps {
             if let Some(p) = s.parts.get(tp) {
-                s.metrics
-                    .agreement_baseline(&format!("{}-{}", tp.0, tp.1), p.engine().agreement());
+                s.agreement_counted
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .baseline(&format!("{}-{}", tp.0, tp.1), p.engine().agreement());
             }
         }
         seek_to_state(s, consumer, &job.tps)?;

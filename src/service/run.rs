@@ -60,7 +60,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
         &cfg.api.peers,
         Duration::from_millis(cfg.api.peer_timeout_ms as u64),
     );
-    let bound = crate::telemetry::serve(addr, metrics.clone(), crate::api::http::routes(api))
+    let bound = crate::server::serve(addr, metrics.clone(), crate::api::http::routes(api))
         .map_err(|e| ServiceError::listen("metrics.listen", addr, e))?;
     tracing::info!(%bound, peers = cfg.api.peers.len(), token = !cfg.api.token.is_empty(),
         "serving /metrics, /healthz, /readyz and the query API /v1/");

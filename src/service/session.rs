@@ -55,6 +55,8 @@ pub struct Session {
     pub delivery: Delivery,
     pub outputs: Outputs,
     pub metrics: Arc<Metrics>,
+    /// The agreement sums the metrics have counted, per partition.
+    pub agreement_counted: std::sync::Mutex<crate::engine::agreement::Counted>,
     pub parts: HashMap<Tp, Part>,
     /// Whether a cycle is open, and since when.
     in_cycle: bool,
@@ -149,6 +151,7 @@ impl Session {
             delivery: cfg.kafka.delivery,
             outputs,
             metrics: metrics.clone(),
+            agreement_counted: Default::default(),
             parts: HashMap::new(),
             in_cycle: false,
             cycle_started: Instant::now(),
@@ -312,9 +315,15 @@ impl Session {
         self.metrics
             .commit_duration(started.elapsed().as_secs_f64());
         self.refresh_gauges();
+        let mut counted = self
+            .agreement_counted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         for (tp, part) in &self.parts {
-            self.metrics
-                .agreement_committed(&format!("{}-{}", tp.0, tp.1), part.engine().agreement());
+            let partition = format!("{}-{}", tp.0, tp.1);
+            for (rubric, sums) in counted.committed(&partition, part.engine().agreement()) {
+                self.metrics.agreement(&rubric, sums);
+            }
         }
     }
 
@@ -329,8 +338,14 @@ impl Session {
             self.metrics
                 .observe_engine(&format!("{}-{}", tp.0, tp.1), part.engine());
         }
-        self.metrics
-            .model_board(self.parts.values().flat_map(|p| p.engine().board()));
+        let rows = crate::engine::board::gauge_rows(
+            self.parts.values().flat_map(|p| p.engine().board()),
+            |k| {
+                self.metrics
+                    .pair_labels(k.model_id.as_deref(), &k.voter_prompt_id)
+            },
+        );
+        self.metrics.model_board(rows);
     }
 
     /// Tells the query API which partitions are ready (their stores) and
@@ -357,7 +372,12 @@ impl Session {
     /// `until` at most.
     pub fn release(&mut self, tps: &[Tp], until: Instant) {
         for tp in tps {
-            self.metrics.forget_partition(&format!("{}-{}", tp.0, tp.1));
+            let partition = format!("{}-{}", tp.0, tp.1);
+            self.metrics.forget_partition(&partition);
+            self.agreement_counted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .forget(&partition);
             self.metrics.forget_lag(&tp.0, tp.1);
             if let Some(part) = self.parts.remove(tp) {
                 part.release(until);

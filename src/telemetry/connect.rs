@@ -3,12 +3,34 @@
 //! `connect`). The names are those of [`super`]; every label value comes
 //! from a fixed set, never from the data.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 use super::*;
+
+/// `result`, `source` (in the order of their names, as always exported).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VoteLabels {
+    result: &'static str,
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    action: &'static str,
+}
 
 /// Where a vote came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,96 +100,115 @@ pub const WEBHOOK_ACTIONS: [&str; 3] = [
 pub struct ConnectMetrics {
     registry: Registry,
     ready: AtomicBool,
-    votes: IntCounterVec,
-    webhooks: IntCounterVec,
-    sync_runs: IntCounterVec,
-    sync_missed: IntCounter,
-    last_sync: Gauge,
-    routing: IntCounterVec,
+    votes: Family<VoteLabels, Counter>,
+    webhooks: Family<ActionLabel, Counter>,
+    sync_runs: Family<ResultLabel, Counter>,
+    sync_missed: Counter,
+    last_sync: Gauge<f64, AtomicU64>,
+    routing: Family<ResultLabel, Counter>,
     produce: Histogram,
+}
+
+impl std::fmt::Debug for ConnectMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectMetrics")
+            .field("ready", &self.is_ready())
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConnectMetrics {
     pub fn new() -> Arc<ConnectMetrics> {
-        let registry = Registry::new();
-        let counter = |name: &str, help: &str, label: &[&str]| {
-            IntCounterVec::new(Opts::new(name, help), label).expect("valid metric")
-        };
-        let votes = counter(
-            CONNECT_VOTES,
-            "Votes that came in, by source (api, webhook, sync) and result (produced, rejected, failed).",
-            &[SOURCE, RESULT],
-        );
-        let webhooks = counter(
-            CONNECT_WEBHOOKS,
-            "Label Studio webhooks received, by action.",
-            &[ACTION],
-        );
-        let sync_runs = counter(
-            CONNECT_SYNC_RUNS,
-            "Sync passes over Label Studio's API, by result (ok, error).",
-            &[RESULT],
-        );
-        let routing = counter(
-            CONNECT_ROUTING,
-            "Ambiguity flags routed back to Label Studio, by result.",
-            &[RESULT],
-        );
-        let sync_missed = IntCounter::new(
-            CONNECT_SYNC_MISSED,
-            "Votes a sync produced that no webhook had brought to this instance.",
-        )
-        .expect("valid metric");
-        let last_sync = Gauge::new(
-            CONNECT_LAST_SYNC,
-            "When the last sync pass succeeded (Unix seconds; 0 before one).",
-        )
-        .expect("valid metric");
-        let produce = histogram(
-            CONNECT_PRODUCE_DURATION,
-            "Time from a request's first produce to the broker's last acknowledgement.",
-            SECONDS_BUCKETS,
-        );
-        let build_info = IntGauge::with_opts(
-            Opts::new(BUILD_INFO, "Build information (always 1).")
-                .const_label(VERSION, env!("CARGO_PKG_VERSION")),
-        )
-        .expect("valid metric");
-        build_info.set(1);
+        let mut registry = Registry::default();
+        let r = &mut registry;
         // Every label value of the fixed sets at 0 from the start, so that
         // rate() and increase() see a series' first increment.
+        let votes = Family::<VoteLabels, Counter>::default();
         for source in [Source::Api, Source::Webhook, Source::Sync] {
             for result in [
                 VoteResult::Produced,
                 VoteResult::Rejected,
                 VoteResult::Failed,
             ] {
-                votes.with_label_values(&[source.as_str(), result.as_str()]);
+                votes.get_or_create_owned(&VoteLabels {
+                    result: result.as_str(),
+                    source: source.as_str(),
+                });
             }
         }
+        register(
+            r,
+            CONNECT_VOTES,
+            "Votes that came in, by source (api, webhook, sync) and result (produced, rejected, failed).",
+            votes.clone(),
+            true,
+        );
+        let webhooks = Family::<ActionLabel, Counter>::default();
         for action in WEBHOOK_ACTIONS.iter().chain(&["other"]) {
-            webhooks.with_label_values(&[action]);
+            webhooks.get_or_create_owned(&ActionLabel { action: *action });
         }
+        register(
+            r,
+            CONNECT_WEBHOOKS,
+            "Label Studio webhooks received, by action.",
+            webhooks.clone(),
+            true,
+        );
+        let sync_runs = Family::<ResultLabel, Counter>::default();
         for result in ["ok", "error"] {
-            sync_runs.with_label_values(&[result]);
+            sync_runs.get_or_create_owned(&ResultLabel { result });
         }
-        for r in [
+        register(
+            r,
+            CONNECT_SYNC_RUNS,
+            "Sync passes over Label Studio's API, by result (ok, error).",
+            sync_runs.clone(),
+            true,
+        );
+        let sync_missed = Counter::default();
+        register(
+            r,
+            CONNECT_SYNC_MISSED,
+            "Votes a sync produced that no webhook had brought to this instance.",
+            sync_missed.clone(),
+            true,
+        );
+        let last_sync = Gauge::<f64, AtomicU64>::default();
+        register(
+            r,
+            CONNECT_LAST_SYNC,
+            "When the last sync pass succeeded (Unix seconds; 0 before one).",
+            last_sync.clone(),
+            false,
+        );
+        let routing = Family::<ResultLabel, Counter>::default();
+        for result in [
             Routing::Requested,
             Routing::AtCap,
             Routing::TaskMissing,
             Routing::Skipped,
             Routing::Error,
         ] {
-            routing.with_label_values(&[r.as_str()]);
+            routing.get_or_create_owned(&ResultLabel {
+                result: result.as_str(),
+            });
         }
-        register(&registry, votes.clone());
-        register(&registry, webhooks.clone());
-        register(&registry, sync_runs.clone());
-        register(&registry, sync_missed.clone());
-        register(&registry, last_sync.clone());
-        register(&registry, routing.clone());
-        register(&registry, produce.clone());
-        register(&registry, build_info);
+        register(
+            r,
+            CONNECT_ROUTING,
+            "Ambiguity flags routed back to Label Studio, by result.",
+            routing.clone(),
+            true,
+        );
+        let produce = histogram(SECONDS_BUCKETS);
+        register(
+            r,
+            CONNECT_PRODUCE_DURATION,
+            "Time from a request's first produce to the broker's last acknowledgement.",
+            produce.clone(),
+            false,
+        );
+        build_info(r);
         Arc::new(ConnectMetrics {
             registry,
             ready: AtomicBool::new(false),
@@ -184,24 +225,26 @@ impl ConnectMetrics {
     pub fn votes(&self, source: Source, result: VoteResult, n: u64) {
         if n > 0 {
             self.votes
-                .with_label_values(&[source.as_str(), result.as_str()])
+                .get_or_create(&VoteLabels {
+                    result: result.as_str(),
+                    source: source.as_str(),
+                })
                 .inc_by(n);
         }
     }
 
     pub fn webhook(&self, action: &str) {
-        let label = if WEBHOOK_ACTIONS.contains(&action) {
-            action
-        } else {
-            "other"
-        };
-        self.webhooks.with_label_values(&[label]).inc();
+        let action = WEBHOOK_ACTIONS
+            .iter()
+            .find(|a| **a == action)
+            .copied()
+            .unwrap_or("other");
+        self.webhooks.get_or_create(&ActionLabel { action }).inc();
     }
 
     pub fn sync_run(&self, ok: bool, now_seconds: f64) {
-        self.sync_runs
-            .with_label_values(&[if ok { "ok" } else { "error" }])
-            .inc();
+        let result = if ok { "ok" } else { "error" };
+        self.sync_runs.get_or_create(&ResultLabel { result }).inc();
         if ok {
             self.last_sync.set(now_seconds);
         }
@@ -212,7 +255,9 @@ impl ConnectMetrics {
     }
 
     pub fn routing(&self, r: Routing) {
-        self.routing.with_label_values(&[r.as_str()]).inc();
+        self.routing
+            .get_or_create(&ResultLabel { result: r.as_str() })
+            .inc();
     }
 
     pub fn produce_duration(&self, seconds: f64) {
@@ -222,15 +267,14 @@ impl ConnectMetrics {
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
     }
-}
 
-impl Exposition for ConnectMetrics {
-    fn render(&self) -> String {
-        render(&self.registry)
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
     }
 
-    fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+    /// The metrics in the text format 0.0.4 ([`CONTENT_TYPE`]).
+    pub fn render(&self) -> String {
+        render(&self.registry)
     }
 }
 

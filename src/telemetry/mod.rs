@@ -1,56 +1,42 @@
-//! Metrics and health (SPEC §8): the one place that names every metric and
-//! the label-cardinality cap. The metrics live in a `prometheus` registry
-//! and are exposed in the Prometheus text format 0.0.4 by [`http::serve`]
-//! (`/metrics`, `/healthz`, `/readyz`).
+//! Metrics (SPEC §8): the one place that names every metric and the
+//! label-cardinality cap. It only measures: the metrics live in a
+//! `prometheus-client` registry, [`Metrics::render`] writes them in the
+//! Prometheus text format 0.0.4 ([`CONTENT_TYPE`]), and the HTTP server
+//! that exposes them is [`crate::server`].
 //!
-//! The labelled families whose label values come from the data
-//! (`model_id`/`voter_prompt_id`, `topic`/`partition`, `partition`) are kept
-//! in [`family`]: their children are keyed by the label values themselves,
-//! not by the crate's `MetricVec` hash (see there why).
-
-pub mod family;
-pub mod http;
-
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use prometheus::core::Collector;
-use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
-};
-
-use crate::engine::agreement::RubricSums;
-use crate::engine::board::FIXED_ONE;
-use crate::engine::{Counters, ScoreUpdate};
-use family::{CounterFamily, GaugeFamily, SeriesCollector, SeriesTable};
-use rustc_hash::FxHashMap;
-
-pub use http::{serve, Exposition};
+//! Each labelled family has a typed label set (`#[derive(EncodeLabelSet)]`);
+//! its children are keyed by the label values themselves, so values that
+//! run together alike (`{topic="votes",partition="12"}` and
+//! `{topic="votes1",partition="2"}`) stay two series. Counters are
+//! registered without their `_total` suffix (the encoder appends it), and
+//! help texts without their final period (the registry appends it), so
+//! that names and help texts are exactly those below.
 
 pub mod connect;
 
-/// A registry in the text format 0.0.4 ([`CONTENT_TYPE`]).
-fn render(registry: &Registry) -> String {
-    TextEncoder::new()
-        .encode_to_string(&registry.gather())
-        .unwrap_or_else(|e| {
-            // Cannot happen with the metrics of this module.
-            tracing::error!(error = %e, "cannot encode the metrics");
-            String::new()
-        })
-}
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
-impl Exposition for Metrics {
-    fn render(&self) -> String {
-        Metrics::render(self)
-    }
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Metric, Registry};
+use rustc_hash::{FxHashMap, FxHashSet};
 
-    fn is_ready(&self) -> bool {
-        Metrics::is_ready(self)
-    }
+use crate::engine::{Counters, ScoreUpdate};
+
+/// Old paths of the HTTP server, now [`crate::server`] (the query API's
+/// code names them until it moves to the new ones).
+#[doc(hidden)]
+pub mod http {
+    pub use crate::server::bearer_matches;
 }
+#[doc(hidden)]
+pub use crate::server::serve;
 
 // Every metric name, in one place (dashboards and alert rules use them).
 pub const VOTES_ACCEPTED: &str = "jurystream_votes_accepted_total";
@@ -146,8 +132,9 @@ pub const UNKNOWN_MODEL: &str = "unknown";
 /// distinct values.
 pub const OTHER: &str = "other";
 
-/// The content type of [`Metrics::render`]'s text (format 0.0.4).
-pub const CONTENT_TYPE: &str = prometheus::TEXT_FORMAT;
+/// The content type of [`Metrics::render`]'s text (the Prometheus text
+/// format 0.0.4, as before the move to `prometheus-client`).
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4";
 
 const FRESHNESS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0,
@@ -159,19 +146,222 @@ const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
-/// The (model_id, voter_prompt_id) families: name, help, and for the
-/// histograms their buckets. [`family::SeriesTable`] creates one child of
-/// each per label pair.
-pub(crate) mod series {
-    pub const SCORE_UPDATES_HELP: &str = "score_updated events emitted.";
-    pub const AMBIGUITY_FLAGS_HELP: &str = "ambiguity_flagged events emitted.";
-    pub const FRESHNESS_HELP: &str = "Freshness (1 - alpha) of score updates.";
-    pub const SCORE_HELP: &str = "Scores after update.";
-    pub const LAST_FRESHNESS_HELP: &str = "Freshness of the latest score update.";
-    pub const LAST_SCORE_UPDATE_HELP: &str =
-        "Wall-clock time of the latest score update (Unix seconds).";
-    pub const FRESHNESS_BUCKETS: &[f64] = super::FRESHNESS_BUCKETS;
-    pub const SCORE_BUCKETS: &[f64] = super::SCORE_BUCKETS;
+/// A float gauge (the integer ones are `Gauge`).
+type FloatGauge = Gauge<f64, AtomicU64>;
+/// A float counter (sums of data values).
+type FloatCounter = Counter<f64, AtomicU64>;
+/// A family of histograms, made with the family's buckets.
+type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
+
+// The label sets. Fields are in the order of their names, the order the
+// labels always had in the exposition.
+
+/// `model_id`, `voter_prompt_id` (after the label cap).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModelRubric {
+    model_id: String,
+    voter_prompt_id: String,
+}
+
+/// `voter_prompt_id` (after the label cap).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Rubric {
+    voter_prompt_id: String,
+}
+
+/// `partition` (`<topic>-<n>`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartitionLabel {
+    partition: String,
+}
+
+/// `partition` (the number), `topic`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TopicPartition {
+    partition: String,
+    topic: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// `event` of [`REBALANCES`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabel {
+    event: &'static str,
+}
+
+/// `mode` of [`DELIVERY_MODE`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabel {
+    mode: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VersionLabel {
+    version: &'static str,
+}
+
+/// Registers `metric` as `name` with `help`, both as they appear in the
+/// exposition: the registry appends the period to the help text, the
+/// encoder `_total` to a counter's name.
+fn register(registry: &mut Registry, name: &str, help: &str, metric: impl Metric, counter: bool) {
+    let name = if counter {
+        name.strip_suffix("_total")
+            .expect("a counter's name ends in _total")
+    } else {
+        name
+    };
+    let help = help
+        .strip_suffix('.')
+        .expect("a help text ends with a period");
+    registry.register(name, help, metric);
+}
+
+fn histogram(buckets: &[f64]) -> Histogram {
+    Histogram::new(buckets.iter().copied())
+}
+
+/// `jurystream_build_info{version="…"} 1`.
+fn build_info(registry: &mut Registry) {
+    let info = Family::<VersionLabel, Gauge>::default();
+    info.get_or_create(&VersionLabel {
+        version: env!("CARGO_PKG_VERSION"),
+    })
+    .set(1);
+    register(
+        registry,
+        BUILD_INFO,
+        "Build information (always 1).",
+        info,
+        false,
+    );
+}
+
+/// The registry in the text format 0.0.4 ([`CONTENT_TYPE`]).
+fn render(registry: &Registry) -> String {
+    let mut out = String::new();
+    if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, registry) {
+        // Writing into a String cannot fail.
+        tracing::error!(error = %e, "cannot encode the metrics");
+    }
+    out
+}
+
+/// Locks, ignoring poisoning (a panic elsewhere must not stop the metrics).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Keeps at most `max` distinct values of one label; the rest become
+/// [`OTHER`] (SPEC §8, `metrics.max_label_values`).
+#[derive(Debug)]
+struct LabelCap {
+    max: usize,
+    seen: FxHashSet<Box<str>>,
+}
+
+impl LabelCap {
+    fn new(max: usize) -> LabelCap {
+        LabelCap {
+            max,
+            seen: FxHashSet::default(),
+        }
+    }
+
+    /// The value to export for `v`.
+    fn map<'a>(&mut self, v: &'a str) -> &'a str {
+        if self.seen.contains(v) {
+            return v;
+        }
+        if self.seen.len() < self.max {
+            self.seen.insert(v.into());
+            return v;
+        }
+        OTHER
+    }
+}
+
+/// The (model_id, voter_prompt_id) families.
+struct SeriesFamilies {
+    updates: Family<ModelRubric, Counter>,
+    /// A pair's series appears with its first flag.
+    flags: Family<ModelRubric, Counter>,
+    freshness: HistogramFamily<ModelRubric>,
+    score: HistogramFamily<ModelRubric>,
+    last_freshness: Family<ModelRubric, FloatGauge>,
+    last_update: Family<ModelRubric, FloatGauge>,
+}
+
+/// The metrics of one (model_id, voter_prompt_id) pair, taken from the
+/// families once (they share their values with the families' children).
+struct Series {
+    labels: ModelRubric,
+    updates: Counter,
+    flags: Option<Counter>,
+    freshness: Histogram,
+    score: Histogram,
+    last_freshness: FloatGauge,
+    last_update: FloatGauge,
+}
+
+/// Every (model_id, voter_prompt_id) pair's metrics, after the label cap.
+struct SeriesTable {
+    models: LabelCap,
+    rubrics: LabelCap,
+    /// model_id → voter_prompt_id → metrics; both keys are capped values,
+    /// so at most (max + 1)² entries.
+    series: FxHashMap<Box<str>, FxHashMap<Box<str>, Series>>,
+}
+
+impl SeriesTable {
+    /// The metrics of (`model`, `rubric`), created on first use. No
+    /// allocation unless the pair is new.
+    fn get(&mut self, f: &SeriesFamilies, model: &str, rubric: &str) -> &mut Series {
+        let exported =
+            |t: &Self, m: &str, r: &str| t.series.get(m).is_some_and(|x| x.contains_key(r));
+        // A pair already exported under its own values has passed the cap
+        // (a key is a capped value, and the cap keeps what it has let in).
+        let (model, rubric) = if exported(self, model, rubric) {
+            (model, rubric)
+        } else {
+            (self.models.map(model), self.rubrics.map(rubric))
+        };
+        if !exported(self, model, rubric) {
+            let labels = ModelRubric {
+                model_id: model.to_owned(),
+                voter_prompt_id: rubric.to_owned(),
+            };
+            let s = Series {
+                updates: f.updates.get_or_create_owned(&labels),
+                flags: None,
+                freshness: f.freshness.get_or_create_owned(&labels),
+                score: f.score.get_or_create_owned(&labels),
+                last_freshness: f.last_freshness.get_or_create_owned(&labels),
+                last_update: f.last_update.get_or_create_owned(&labels),
+                labels,
+            };
+            self.series
+                .entry(model.into())
+                .or_default()
+                .insert(rubric.into(), s);
+        }
+        self.series
+            .get_mut(model)
+            .and_then(|m| m.get_mut(rubric))
+            .expect("created above")
+    }
+}
+
+/// The leaderboard gauges (SPEC §8, §13).
+struct Board {
+    scores: Family<ModelRubric, FloatGauge>,
+    squares: Family<ModelRubric, FloatGauge>,
+    series: Family<ModelRubric, Gauge>,
+    /// The label pairs exported now.
+    exported: FxHashSet<ModelRubric>,
 }
 
 /// Per-partition bookkeeping behind the engine counters and `open_batches`.
@@ -182,9 +372,6 @@ struct Partitions {
     folded: HashMap<String, Counters>,
     /// Open batches and cache bytes per partition; the gauges are sums.
     open: HashMap<String, (u64, u64)>,
-    /// Agreement sums already counted, per partition and rubric (set when
-    /// a partition is taken into service, moved after each commit).
-    agreement: HashMap<String, HashMap<crate::input::Id, RubricSums>>,
 }
 
 /// The process's metrics. Cheap to share (`Arc`). Counters and histograms
@@ -193,32 +380,36 @@ struct Partitions {
 pub struct Metrics {
     registry: Registry,
     ready: AtomicBool,
-    accepted: IntCounter,
-    duplicate: IntCounter,
-    superseded: IntCounter,
-    abstentions: IntCounter,
-    rejected: IntCounterVec,
-    series: Arc<Mutex<SeriesTable>>,
+    accepted: Counter,
+    duplicate: Counter,
+    superseded: Counter,
+    abstentions: Counter,
+    rejected: Family<ReasonLabel, Counter>,
+    families: SeriesFamilies,
+    series: Mutex<SeriesTable>,
     batch_votes: Histogram,
     batch_variance: Histogram,
-    open_batches: IntGauge,
-    cache_bytes: IntGauge,
-    watermark: GaugeFamily,
-    partition_ready: GaugeFamily,
-    lag: GaugeFamily,
+    open_batches: Gauge,
+    cache_bytes: Gauge,
+    watermark: Family<PartitionLabel, FloatGauge>,
+    partition_ready: Family<PartitionLabel, Gauge>,
+    /// The partitions `partition_ready` lists now.
+    held: Mutex<FxHashSet<PartitionLabel>>,
+    lag: Family<TopicPartition, Gauge>,
     commit: Histogram,
     restore: Histogram,
-    restored_records: IntCounter,
-    rebalances: IntCounterVec,
+    restored_records: Counter,
+    rebalances: Family<EventLabel, Counter>,
     revoke: Histogram,
-    outbox_recovered: IntCounter,
-    outbox_republished: IntCounter,
-    delivery_mode: prometheus::IntGaugeVec,
-    model_scores: GaugeFamily,
-    model_score_squares: GaugeFamily,
-    model_series: GaugeFamily,
+    outbox_recovered: Counter,
+    outbox_republished: Counter,
+    delivery_mode: Family<ModeLabel, Gauge>,
+    board: Mutex<Board>,
     /// n, S1, S2, W of SPEC §11.
-    agreement: [CounterFamily; 4],
+    agreement: [Family<Rubric, FloatCounter>; 4],
+    /// New agreement series: exported at 0 by the next render, given these
+    /// sums after it (see [`Metrics::agreement`]). Held while rendering.
+    agreement_pending: Mutex<FxHashMap<Rubric, [f64; 4]>>,
     partitions: Mutex<Partitions>,
 }
 
@@ -230,143 +421,258 @@ impl fmt::Debug for Metrics {
     }
 }
 
-fn counter(name: &str, help: &str) -> IntCounter {
-    IntCounter::with_opts(Opts::new(name, help)).expect("valid metric name")
-}
-
-fn histogram(name: &str, help: &str, buckets: &[f64]) -> Histogram {
-    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))
-        .expect("valid histogram")
-}
-
-fn register(registry: &Registry, c: impl Collector + 'static) {
-    registry
-        .register(Box::new(c))
-        .expect("metric names and label sets are unique");
-}
-
-/// Locks, ignoring poisoning (a panic elsewhere must not stop the metrics).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Metrics {
-    pub fn new(max_label_values: usize) -> Arc<Metrics> {
-        let registry = Registry::new();
-        let accepted = counter(VOTES_ACCEPTED, "Votes accepted into a batch.");
-        let duplicate = counter(VOTES_DUPLICATE, "Redelivered votes dropped as duplicates.");
-        let superseded = counter(
+    pub fn new(max_label_values: usize) -> std::sync::Arc<Metrics> {
+        let mut registry = Registry::default();
+        let r = &mut registry;
+        let accepted = Counter::default();
+        register(
+            r,
+            VOTES_ACCEPTED,
+            "Votes accepted into a batch.",
+            accepted.clone(),
+            true,
+        );
+        let duplicate = Counter::default();
+        register(
+            r,
+            VOTES_DUPLICATE,
+            "Redelivered votes dropped as duplicates.",
+            duplicate.clone(),
+            true,
+        );
+        let superseded = Counter::default();
+        register(
+            r,
             VOTES_SUPERSEDED,
             "Votes replaced by a later vote of the same voter in a batch.",
+            superseded.clone(),
+            true,
         );
-        let rejected = IntCounterVec::new(
-            Opts::new(VOTES_REJECTED, "Messages sent to the DLQ, by reason."),
-            &[REASON],
-        )
-        .expect("valid metric");
+        let rejected = Family::<ReasonLabel, Counter>::default();
         // Every reason is exported from the start, at 0.
-        for r in crate::input::Reason::ALL {
-            rejected.with_label_values(&[r.as_str()]);
+        for reason in crate::input::Reason::ALL {
+            rejected.get_or_create_owned(&ReasonLabel {
+                reason: reason.as_str(),
+            });
         }
-        let abstentions = counter(ABSTENTIONS, "Abstentions (null votes) in closed batches.");
-        let series = Arc::new(Mutex::new(SeriesTable::new(max_label_values)));
-        let batch_votes = histogram(
+        register(
+            r,
+            VOTES_REJECTED,
+            "Messages sent to the DLQ, by reason.",
+            rejected.clone(),
+            true,
+        );
+        let abstentions = Counter::default();
+        register(
+            r,
+            ABSTENTIONS,
+            "Abstentions (null votes) in closed batches.",
+            abstentions.clone(),
+            true,
+        );
+        let families = SeriesFamilies {
+            updates: Family::default(),
+            flags: Family::default(),
+            freshness: Family::new_with_constructor(|| histogram(FRESHNESS_BUCKETS)),
+            score: Family::new_with_constructor(|| histogram(SCORE_BUCKETS)),
+            last_freshness: Family::default(),
+            last_update: Family::default(),
+        };
+        register(
+            r,
+            SCORE_UPDATES,
+            "score_updated events emitted.",
+            families.updates.clone(),
+            true,
+        );
+        register(
+            r,
+            AMBIGUITY_FLAGS,
+            "ambiguity_flagged events emitted.",
+            families.flags.clone(),
+            true,
+        );
+        register(
+            r,
+            FRESHNESS,
+            "Freshness (1 - alpha) of score updates.",
+            families.freshness.clone(),
+            false,
+        );
+        register(
+            r,
+            SCORE,
+            "Scores after update.",
+            families.score.clone(),
+            false,
+        );
+        register(
+            r,
+            LAST_FRESHNESS,
+            "Freshness of the latest score update.",
+            families.last_freshness.clone(),
+            false,
+        );
+        register(
+            r,
+            LAST_SCORE_UPDATE,
+            "Wall-clock time of the latest score update (Unix seconds).",
+            families.last_update.clone(),
+            false,
+        );
+        let batch_votes = histogram(BATCH_VOTE_BUCKETS);
+        register(
+            r,
             BATCH_VOTES,
             "Counted votes per scored batch.",
-            BATCH_VOTE_BUCKETS,
+            batch_votes.clone(),
+            false,
         );
-        let batch_variance = histogram(
+        let batch_variance = histogram(VARIANCE_BUCKETS);
+        register(
+            r,
             BATCH_VARIANCE,
             "Weighted vote variance per scored batch.",
-            VARIANCE_BUCKETS,
+            batch_variance.clone(),
+            false,
         );
-        let open_batches = IntGauge::with_opts(Opts::new(
+        let open_batches = Gauge::default();
+        register(
+            r,
             OPEN_BATCHES,
             "Batches open (waiting for their window to close).",
-        ))
-        .expect("valid metric");
-        let cache_bytes = IntGauge::with_opts(Opts::new(
+            open_batches.clone(),
+            false,
+        );
+        let cache_bytes = Gauge::default();
+        register(
+            r,
             CACHE_BYTES,
             "Approximate bytes of series states and vote identities cached in memory (state.cache_mb bounds it).",
-        ))
-        .expect("valid metric");
-        let watermark = GaugeFamily::new(
+            cache_bytes.clone(),
+            false,
+        );
+        let watermark = Family::default();
+        register(
+            r,
             WATERMARK,
             "Event-time watermark per input partition (Unix seconds).",
-            &[PARTITION],
+            Family::clone(&watermark),
+            false,
         );
-        let partition_ready = GaugeFamily::new(
+        let partition_ready = Family::default();
+        register(
+            r,
             PARTITION_READY,
             "Input partitions this instance holds: 1 ready (restored, consuming), 0 being restored.",
-            &[PARTITION],
+            Family::clone(&partition_ready),
+            false,
         );
-        let lag = GaugeFamily::new(
+        let lag = Family::default();
+        register(
+            r,
             CONSUMER_LAG,
             "Messages behind the end of each input partition (librdkafka statistics).",
-            &[TOPIC, PARTITION],
+            Family::clone(&lag),
+            false,
         );
-        let commit = histogram(
+        let commit = histogram(SECONDS_BUCKETS);
+        register(
+            r,
             COMMIT_DURATION,
             "Duration of one commit cycle: the wait for the previous cycle's state write, then changelog, events and offsets (the state write itself runs after it, off the poll loop).",
-            SECONDS_BUCKETS,
+            commit.clone(),
+            false,
         );
-        let restore = histogram(
+        let restore = histogram(SECONDS_BUCKETS);
+        register(
+            r,
             RESTORE_DURATION,
             "Duration of one partition state restore.",
-            SECONDS_BUCKETS,
+            restore.clone(),
+            false,
         );
-        let restored_records = counter(
+        let restored_records = Counter::default();
+        register(
+            r,
             RESTORED_RECORDS,
             "Changelog records applied by state restores.",
+            restored_records.clone(),
+            true,
         );
-        let rebalances = IntCounterVec::new(
-            Opts::new(
-                REBALANCES,
-                "Consumer group rebalances, by event (assigned, revoked, lost).",
-            ),
-            &["event"],
-        )
-        .expect("valid metric");
-        for e in ["assigned", "revoked", "lost"] {
-            rebalances.with_label_values(&[e]);
+        let rebalances = Family::<EventLabel, Counter>::default();
+        for event in ["assigned", "revoked", "lost"] {
+            let _ = rebalances.get_or_create(&EventLabel { event });
         }
-        let revoke = histogram(
+        register(
+            r,
+            REBALANCES,
+            "Consumer group rebalances, by event (assigned, revoked, lost).",
+            rebalances.clone(),
+            true,
+        );
+        let revoke = histogram(SECONDS_BUCKETS);
+        register(
+            r,
             REVOKE_DURATION,
             "Duration of one hand-over of revoked partitions (finish or abort the open cycle, release the state).",
-            SECONDS_BUCKETS,
+            revoke.clone(),
+            false,
         );
-        let outbox_recovered = counter(
+        let outbox_recovered = Counter::default();
+        register(
+            r,
             OUTBOX_RECOVERED_CYCLES,
             "Outbox mode: cycles a restore found not marked delivered and completed.",
+            outbox_recovered.clone(),
+            true,
         );
-        let outbox_republished = counter(
+        let outbox_republished = Counter::default();
+        register(
+            r,
             OUTBOX_REPUBLISHED,
             "Outbox mode: events of such cycles missing from the outputs, published by the restore.",
+            outbox_republished.clone(),
+            true,
         );
-        let delivery_mode = prometheus::IntGaugeVec::new(
-            Opts::new(
-                DELIVERY_MODE,
-                "The delivery mode of run (kafka.delivery): 1 for the mode in use.",
-            ),
-            &["mode"],
-        )
-        .expect("valid metric");
-        let model_scores = GaugeFamily::new(
+        let delivery_mode = Family::<ModeLabel, Gauge>::default();
+        register(
+            r,
+            DELIVERY_MODE,
+            "The delivery mode of run (kafka.delivery): 1 for the mode in use.",
+            delivery_mode.clone(),
+            false,
+        );
+        let board = Board {
+            scores: Family::default(),
+            squares: Family::default(),
+            series: Family::default(),
+            exported: FxHashSet::default(),
+        };
+        register(
+            r,
             MODEL_SCORES,
             "Sum of the current scores of this instance's scored series, per model and rubric.",
-            &[MODEL_ID, VOTER_PROMPT_ID],
+            board.scores.clone(),
+            false,
         );
-        let model_score_squares = GaugeFamily::new(
+        register(
+            r,
             MODEL_SCORE_SQUARES,
             "Sum of the squared current scores of this instance's scored series, per model and rubric.",
-            &[MODEL_ID, VOTER_PROMPT_ID],
+            board.squares.clone(),
+            false,
         );
-        let model_series = GaugeFamily::new(
+        register(
+            r,
             MODEL_SERIES,
             "Scored series (update_seq >= 1) this instance holds, per model and rubric.",
-            &[MODEL_ID, VOTER_PROMPT_ID],
+            board.series.clone(),
+            false,
         );
-        let agreement = [
+        let agreement: [Family<Rubric, FloatCounter>; 4] = Default::default();
+        for (family, (name, help)) in agreement.iter().zip([
             (
                 AGREEMENT_PAIRABLE,
                 "Counted votes in closed batches with at least two (pairable votes n of Krippendorff's alpha), per rubric.",
@@ -383,45 +689,12 @@ impl Metrics {
                 AGREEMENT_WITHIN,
                 "Sum over batches of (m*sum(v^2) - sum(v)^2)/(m-1) (W); alpha = 1 - (n-1)*W/(n*S2 - S1^2), per rubric.",
             ),
-        ]
-        .map(|(name, help)| CounterFamily::new(name, help, &[VOTER_PROMPT_ID]));
-        let build_info = IntGauge::with_opts(
-            Opts::new(BUILD_INFO, "Build information (always 1).")
-                .const_label(VERSION, env!("CARGO_PKG_VERSION")),
-        )
-        .expect("valid metric");
-        build_info.set(1);
-
-        register(&registry, accepted.clone());
-        register(&registry, duplicate.clone());
-        register(&registry, superseded.clone());
-        register(&registry, rejected.clone());
-        register(&registry, abstentions.clone());
-        register(&registry, SeriesCollector::new(series.clone()));
-        register(&registry, batch_votes.clone());
-        register(&registry, batch_variance.clone());
-        register(&registry, open_batches.clone());
-        register(&registry, cache_bytes.clone());
-        register(&registry, watermark.clone());
-        register(&registry, partition_ready.clone());
-        register(&registry, lag.clone());
-        register(&registry, commit.clone());
-        register(&registry, restore.clone());
-        register(&registry, restored_records.clone());
-        register(&registry, rebalances.clone());
-        register(&registry, revoke.clone());
-        register(&registry, outbox_recovered.clone());
-        register(&registry, outbox_republished.clone());
-        register(&registry, delivery_mode.clone());
-        register(&registry, model_scores.clone());
-        register(&registry, model_score_squares.clone());
-        register(&registry, model_series.clone());
-        for f in &agreement {
-            register(&registry, f.clone());
+        ]) {
+            register(r, name, help, family.clone(), true);
         }
-        register(&registry, build_info);
+        build_info(r);
 
-        Arc::new(Metrics {
+        std::sync::Arc::new(Metrics {
             registry,
             ready: AtomicBool::new(false),
             accepted,
@@ -429,13 +702,19 @@ impl Metrics {
             superseded,
             abstentions,
             rejected,
-            series,
+            families,
+            series: Mutex::new(SeriesTable {
+                models: LabelCap::new(max_label_values),
+                rubrics: LabelCap::new(max_label_values),
+                series: FxHashMap::default(),
+            }),
             batch_votes,
             batch_variance,
             open_batches,
             cache_bytes,
             watermark,
             partition_ready,
+            held: Mutex::new(FxHashSet::default()),
             lag,
             commit,
             restore,
@@ -445,37 +724,11 @@ impl Metrics {
             outbox_recovered,
             outbox_republished,
             delivery_mode,
-            model_scores,
-            model_score_squares,
-            model_series,
+            board: Mutex::new(board),
             agreement,
+            agreement_pending: Mutex::new(FxHashMap::default()),
             partitions: Mutex::new(Partitions::default()),
         })
-    }
-
-    /// Changelog records a restore applied.
-    pub fn restored_records(&self, n: u64) {
-        self.restored_records.inc_by(n);
-    }
-
-    /// A rebalance event: `assigned`, `revoked` or `lost`.
-    pub fn rebalance(&self, event: &'static str) {
-        self.rebalances.with_label_values(&[event]).inc();
-    }
-
-    pub fn revoke_duration(&self, seconds: f64) {
-        self.revoke.observe(seconds);
-    }
-
-    /// Outbox mode: an in-doubt cycle completed, `republished` of its
-    /// events published by the restore.
-    pub fn outbox_recovered(&self, republished: usize) {
-        self.outbox_recovered.inc();
-        self.outbox_republished.inc_by(republished as u64);
-    }
-
-    pub fn set_delivery_mode(&self, mode: &str) {
-        self.delivery_mode.with_label_values(&[mode]).set(1);
     }
 
     pub fn set_ready(&self, ready: bool) {
@@ -488,7 +741,11 @@ impl Metrics {
 
     /// A rejection (any reason, `late` included).
     pub fn rejected(&self, reason: crate::input::Reason) {
-        self.rejected.with_label_values(&[reason.as_str()]).inc();
+        self.rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
     }
 
     /// Folds a partition engine's counters in (accepted, duplicates,
@@ -526,7 +783,11 @@ impl Metrics {
         }
         self.set_partition_sums(&g);
         if let Some(wm) = watermark {
-            self.watermark.set(&[partition], wm as f64 / 1e9);
+            self.watermark
+                .get_or_create(&PartitionLabel {
+                    partition: partition.to_owned(),
+                })
+                .set(wm as f64 / 1e9);
         }
     }
 
@@ -550,117 +811,117 @@ impl Metrics {
         self.cache_bytes.set(cache as i64);
     }
 
-    /// Sets the leaderboard gauges from the leaderboard rows of every
-    /// partition this instance holds (label values capped like the other
-    /// model/rubric families; pairs that are gone disappear).
-    pub fn model_board<'a>(
-        &self,
-        rows: impl IntoIterator<
-            Item = (
-                &'a crate::engine::board::BoardKey,
-                &'a crate::engine::board::BoardRow,
-            ),
-        >,
-    ) {
-        // Rows merged per label pair (capped labels join rows) first, so
-        // that each gauge is one exact fixed-point sum.
-        let mut sums: std::collections::BTreeMap<Vec<String>, crate::engine::board::BoardRow> =
-            Default::default();
-        {
-            let mut t = lock(&self.series);
-            for (k, r) in rows {
-                let model = k.model_id.as_deref().unwrap_or(UNKNOWN_MODEL);
-                let (m, v) = t.capped(model, &k.voter_prompt_id);
-                sums.entry(vec![m, v]).or_default().add(r);
-            }
-        }
-        let fixed = |x: i128| x as f64 / FIXED_ONE;
-        self.model_scores
-            .replace_all(sums.iter().map(|(k, r)| (k.clone(), fixed(r.score_sum))));
-        self.model_score_squares.replace_all(
-            sums.iter()
-                .map(|(k, r)| (k.clone(), fixed(r.score_squares))),
-        );
-        self.model_series
-            .replace_all(sums.into_iter().map(|(k, r)| (k, r.series as f64)));
-    }
-
-    /// A partition's agreement sums as it is taken into service: counted
-    /// from here on (what was committed before counts where it happened).
-    pub fn agreement_baseline(
-        &self,
-        partition: &str,
-        sums: &FxHashMap<crate::input::Id, RubricSums>,
-    ) {
-        let base = sums.iter().map(|(k, v)| (k.clone(), *v)).collect();
-        lock(&self.partitions)
-            .agreement
-            .insert(partition.to_owned(), base);
-    }
-
-    /// A partition's agreement sums after a commit: the counters move by
-    /// what was committed since the last call (so a cycle that is aborted
-    /// and redone counts once, and PromQL α over the group's counters
-    /// equals α of the committed sums).
-    pub fn agreement_committed(
-        &self,
-        partition: &str,
-        sums: &FxHashMap<crate::input::Id, RubricSums>,
-    ) {
-        let mut g = lock(&self.partitions);
-        let folded = g.agreement.entry(partition.to_owned()).or_default();
+    /// The label values (`model_id`, `voter_prompt_id`) a model and rubric
+    /// are exported under, after the label cap (a missing model is
+    /// [`UNKNOWN_MODEL`]).
+    pub fn pair_labels(&self, model: Option<&str>, rubric: &str) -> (String, String) {
         let mut t = lock(&self.series);
-        for (rubric, now) in sums {
-            let before = folded.get(rubric).copied().unwrap_or_default();
-            if *now == before {
-                continue;
+        (
+            t.models.map(model.unwrap_or(UNKNOWN_MODEL)).to_owned(),
+            t.rubrics.map(rubric).to_owned(),
+        )
+    }
+
+    /// Sets the leaderboard gauges: one row per label pair
+    /// ([`Metrics::pair_labels`]; the caller merges the rows a cap
+    /// joins, `engine::board::gauge_rows`): ((`model_id`,
+    /// `voter_prompt_id`), sum of scores, sum of squared scores, scored
+    /// series). Pairs not given disappear.
+    pub fn model_board(&self, rows: impl IntoIterator<Item = ((String, String), f64, f64, u64)>) {
+        let mut b = lock(&self.board);
+        let mut now = FxHashSet::default();
+        for ((model_id, voter_prompt_id), scores, squares, series) in rows {
+            let labels = ModelRubric {
+                model_id,
+                voter_prompt_id,
+            };
+            b.scores.get_or_create(&labels).set(scores);
+            b.squares.get_or_create(&labels).set(squares);
+            b.series.get_or_create(&labels).set(series as i64);
+            now.insert(labels);
+        }
+        for gone in b.exported.difference(&now) {
+            b.scores.remove(gone);
+            b.squares.remove(gone);
+            b.series.remove(gone);
+        }
+        b.exported = now;
+    }
+
+    /// Adds to a rubric's agreement counters (n, S1, S2, W of SPEC §11;
+    /// each ≥ 0). A new series is first exported at 0 and gets its value
+    /// from the next render on: `increase()` takes a series' first sample
+    /// as its start, so a counter born with its first increment would lose
+    /// it (all of it, for a burst that never moves the counter again).
+    pub fn agreement(&self, rubric: &str, sums: [f64; 4]) {
+        let labels = Rubric {
+            voter_prompt_id: lock(&self.series).rubrics.map(rubric).to_owned(),
+        };
+        let mut pending = lock(&self.agreement_pending);
+        if let Some(p) = pending.get_mut(&labels) {
+            for (p, v) in p.iter_mut().zip(sums) {
+                *p += v;
             }
-            let label = t.capped_rubric(rubric);
-            let deltas = [
-                now.pairable.saturating_sub(before.pairable) as f64,
-                (now.sum - before.sum).max(0) as f64 / FIXED_ONE,
-                (now.square_sum - before.square_sum).max(0) as f64 / FIXED_ONE,
-                (now.within - before.within).max(0) as f64 / FIXED_ONE,
-            ];
-            for (family, d) in self.agreement.iter().zip(deltas) {
-                family.inc_by(&[&label], d);
+        } else if self.agreement[0].get(&labels).is_some() {
+            for (family, v) in self.agreement.iter().zip(sums) {
+                family.get_or_create(&labels).inc_by(v);
             }
-            folded.insert(rubric.clone(), *now);
+        } else {
+            for family in &self.agreement {
+                family.get_or_create_owned(&labels);
+            }
+            pending.insert(labels, sums);
         }
     }
 
-    /// A partition went away (revoked): its gauges go, its counts stay.
     /// The input partitions this instance holds now (`partition`, ready),
     /// replacing the last set.
     pub fn partitions_held(&self, held: impl IntoIterator<Item = (String, bool)>) {
-        self.partition_ready.replace_all(
-            held.into_iter()
-                .map(|(p, ready)| (vec![p], if ready { 1.0 } else { 0.0 })),
-        );
+        let mut exported = lock(&self.held);
+        let mut now = FxHashSet::default();
+        for (partition, ready) in held {
+            let labels = PartitionLabel { partition };
+            self.partition_ready
+                .get_or_create(&labels)
+                .set(i64::from(ready));
+            now.insert(labels);
+        }
+        for gone in exported.difference(&now) {
+            self.partition_ready.remove(gone);
+        }
+        *exported = now;
     }
 
+    /// A partition went away (revoked): its gauges go, its counts stay.
     pub fn forget_partition(&self, partition: &str) {
         let mut g = lock(&self.partitions);
         g.open.remove(partition);
-        g.agreement.remove(partition);
         self.set_partition_sums(&g);
-        self.watermark.remove(&[partition]);
+        self.watermark.remove(&PartitionLabel {
+            partition: partition.to_owned(),
+        });
     }
 
     /// One emitted score update; `now_seconds` is the wall clock.
     pub fn score_update(&self, u: &ScoreUpdate, now_seconds: f64) {
         let model = u.model_id.as_deref().unwrap_or(UNKNOWN_MODEL);
         let freshness = 1.0 - u.alpha;
-        lock(&self.series).with(model, &u.series.voter_prompt_id, |s| {
+        {
+            let mut t = lock(&self.series);
+            let s = t.get(&self.families, model, &u.series.voter_prompt_id);
             s.updates.inc();
             if u.ambiguous {
-                s.flag();
+                let flags = &self.families.flags;
+                let labels = &s.labels;
+                s.flags
+                    .get_or_insert_with(|| flags.get_or_create_owned(labels))
+                    .inc();
             }
             s.freshness.observe(freshness);
             s.score.observe(u.score);
             s.last_freshness.set(freshness);
             s.last_update.set(now_seconds);
-        });
+        }
         self.batch_votes.observe(u.votes.len() as f64);
         self.batch_variance.observe(u.variance);
     }
@@ -673,24 +934,62 @@ impl Metrics {
         self.restore.observe(seconds);
     }
 
+    /// Changelog records a restore applied.
+    pub fn restored_records(&self, n: u64) {
+        self.restored_records.inc_by(n);
+    }
+
+    /// A rebalance event: `assigned`, `revoked` or `lost`.
+    pub fn rebalance(&self, event: &'static str) {
+        self.rebalances.get_or_create(&EventLabel { event }).inc();
+    }
+
+    pub fn revoke_duration(&self, seconds: f64) {
+        self.revoke.observe(seconds);
+    }
+
+    /// Outbox mode: an in-doubt cycle completed, `republished` of its
+    /// events published by the restore.
+    pub fn outbox_recovered(&self, republished: usize) {
+        self.outbox_recovered.inc();
+        self.outbox_republished.inc_by(republished as u64);
+    }
+
+    /// The delivery mode `run` uses (`kafka.delivery`).
+    pub fn set_delivery_mode(&self, mode: &'static str) {
+        self.delivery_mode.get_or_create(&ModeLabel { mode }).set(1);
+    }
+
     /// A revoked partition's lag is no longer this instance's to report.
     pub fn forget_lag(&self, topic: &str, partition: i32) {
-        self.lag.remove(&[topic, &partition.to_string()]);
+        self.lag.remove(&TopicPartition {
+            partition: partition.to_string(),
+            topic: topic.to_owned(),
+        });
     }
 
     pub fn consumer_lag(&self, topic: &str, partition: i32, lag: i64) {
-        self.lag.set(&[topic, &partition.to_string()], lag as f64);
+        self.lag
+            .get_or_create(&TopicPartition {
+                partition: partition.to_string(),
+                topic: topic.to_owned(),
+            })
+            .set(lag);
     }
 
     /// Prometheus text exposition format 0.0.4 ([`CONTENT_TYPE`]). A
     /// labelled family appears once it has a series.
     pub fn render(&self) -> String {
-        render(&self.registry)
-    }
-
-    /// The registry's metric families (for tests and future exporters).
-    pub fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
-        self.registry.gather()
+        // Held throughout: a new agreement series is rendered at 0 exactly
+        // once before it gets its value.
+        let mut pending = lock(&self.agreement_pending);
+        let text = render(&self.registry);
+        for (labels, sums) in pending.drain() {
+            for (family, v) in self.agreement.iter().zip(sums) {
+                family.get_or_create(&labels).inc_by(v);
+            }
+        }
+        text
     }
 }
 

@@ -1,7 +1,5 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use prometheus::proto::MetricType;
-
 use super::*;
 use crate::engine::{RubricParams, ScoreUpdate, SeriesKey};
 
@@ -116,67 +114,38 @@ fn sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
 }
 
 /// Every SPEC §8 metric: name, type, labels (besides `le`).
-const SPEC: &[(&str, MetricType, &[&str])] = &[
-    (VOTES_ACCEPTED, MetricType::COUNTER, &[]),
-    (VOTES_DUPLICATE, MetricType::COUNTER, &[]),
-    (VOTES_SUPERSEDED, MetricType::COUNTER, &[]),
-    (VOTES_REJECTED, MetricType::COUNTER, &[REASON]),
-    (ABSTENTIONS, MetricType::COUNTER, &[]),
-    (
-        SCORE_UPDATES,
-        MetricType::COUNTER,
-        &[MODEL_ID, VOTER_PROMPT_ID],
-    ),
-    (
-        AMBIGUITY_FLAGS,
-        MetricType::COUNTER,
-        &[MODEL_ID, VOTER_PROMPT_ID],
-    ),
-    (
-        FRESHNESS,
-        MetricType::HISTOGRAM,
-        &[MODEL_ID, VOTER_PROMPT_ID],
-    ),
-    (SCORE, MetricType::HISTOGRAM, &[MODEL_ID, VOTER_PROMPT_ID]),
-    (
-        LAST_FRESHNESS,
-        MetricType::GAUGE,
-        &[MODEL_ID, VOTER_PROMPT_ID],
-    ),
-    (
-        LAST_SCORE_UPDATE,
-        MetricType::GAUGE,
-        &[MODEL_ID, VOTER_PROMPT_ID],
-    ),
-    (BATCH_VOTES, MetricType::HISTOGRAM, &[]),
-    (BATCH_VARIANCE, MetricType::HISTOGRAM, &[]),
-    (OPEN_BATCHES, MetricType::GAUGE, &[]),
-    (CACHE_BYTES, MetricType::GAUGE, &[]),
-    (WATERMARK, MetricType::GAUGE, &[PARTITION]),
-    (CONSUMER_LAG, MetricType::GAUGE, &[TOPIC, PARTITION]),
-    (COMMIT_DURATION, MetricType::HISTOGRAM, &[]),
-    (RESTORE_DURATION, MetricType::HISTOGRAM, &[]),
-    (BUILD_INFO, MetricType::GAUGE, &[VERSION]),
+const SPEC: &[(&str, &str, &[&str])] = &[
+    (VOTES_ACCEPTED, "counter", &[]),
+    (VOTES_DUPLICATE, "counter", &[]),
+    (VOTES_SUPERSEDED, "counter", &[]),
+    (VOTES_REJECTED, "counter", &[REASON]),
+    (ABSTENTIONS, "counter", &[]),
+    (SCORE_UPDATES, "counter", &[MODEL_ID, VOTER_PROMPT_ID]),
+    (AMBIGUITY_FLAGS, "counter", &[MODEL_ID, VOTER_PROMPT_ID]),
+    (FRESHNESS, "histogram", &[MODEL_ID, VOTER_PROMPT_ID]),
+    (SCORE, "histogram", &[MODEL_ID, VOTER_PROMPT_ID]),
+    (LAST_FRESHNESS, "gauge", &[MODEL_ID, VOTER_PROMPT_ID]),
+    (LAST_SCORE_UPDATE, "gauge", &[MODEL_ID, VOTER_PROMPT_ID]),
+    (BATCH_VOTES, "histogram", &[]),
+    (BATCH_VARIANCE, "histogram", &[]),
+    (OPEN_BATCHES, "gauge", &[]),
+    (CACHE_BYTES, "gauge", &[]),
+    (WATERMARK, "gauge", &[PARTITION]),
+    (CONSUMER_LAG, "gauge", &[TOPIC, PARTITION]),
+    (COMMIT_DURATION, "histogram", &[]),
+    (RESTORE_DURATION, "histogram", &[]),
+    (BUILD_INFO, "gauge", &[VERSION]),
     // Not in SPEC §8: what the broker tests read instead of logs.
-    (RESTORED_RECORDS, MetricType::COUNTER, &[]),
-    (REBALANCES, MetricType::COUNTER, &["event"]),
-    (REVOKE_DURATION, MetricType::HISTOGRAM, &[]),
-    (OUTBOX_RECOVERED_CYCLES, MetricType::COUNTER, &[]),
-    (OUTBOX_REPUBLISHED, MetricType::COUNTER, &[]),
-    (DELIVERY_MODE, MetricType::GAUGE, &["mode"]),
+    (RESTORED_RECORDS, "counter", &[]),
+    (REBALANCES, "counter", &["event"]),
+    (REVOKE_DURATION, "histogram", &[]),
+    (OUTBOX_RECOVERED_CYCLES, "counter", &[]),
+    (OUTBOX_REPUBLISHED, "counter", &[]),
+    (DELIVERY_MODE, "gauge", &["mode"]),
 ];
 
-fn type_name(t: MetricType) -> &'static str {
-    match t {
-        MetricType::COUNTER => "counter",
-        MetricType::GAUGE => "gauge",
-        MetricType::HISTOGRAM => "histogram",
-        _ => unreachable!(),
-    }
-}
-
-/// The registry's families and the rendered text both hold every SPEC §8
-/// metric with its type, labels, help and buckets; every sample line parses.
+/// The rendered text holds every SPEC §8 metric with its type, labels, help
+/// and buckets, each declared once; every sample line parses.
 #[test]
 fn exposition_has_every_spec_metric() {
     let m = Metrics::new(200);
@@ -199,22 +168,6 @@ fn exposition_has_every_spec_metric() {
     m.rejected(crate::input::Reason::Late);
     m.set_delivery_mode("exactly_once");
 
-    let families = m.gather();
-    let by_name: BTreeMap<&str, _> = families.iter().map(|f| (f.name(), f)).collect();
-    assert_eq!(by_name.len(), SPEC.len(), "{:?}", by_name.keys());
-    for (name, kind, labels) in SPEC {
-        let f = by_name
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} missing"));
-        assert_eq!(f.get_field_type(), *kind, "{name}");
-        assert!(!f.help().is_empty(), "{name} has no help");
-        for metric in f.get_metric() {
-            let got: BTreeSet<&str> = metric.get_label().iter().map(|l| l.name()).collect();
-            let want: BTreeSet<&str> = labels.iter().copied().collect();
-            assert_eq!(got, want, "{name}");
-        }
-    }
-
     let text = m.render();
     let mut types = BTreeMap::new();
     let mut helps = BTreeMap::new();
@@ -236,15 +189,11 @@ fn exposition_has_every_spec_metric() {
         }
     }
     for (name, kind, labels) in SPEC {
-        assert_eq!(
-            types.get(*name).map(String::as_str),
-            Some(type_name(*kind)),
-            "{name}"
-        );
+        assert_eq!(types.get(*name).map(String::as_str), Some(*kind), "{name}");
         assert!(helps.contains_key(*name), "{name}");
         let want: BTreeSet<&str> = labels.iter().copied().collect();
-        let series: Vec<&str> = match kind {
-            MetricType::HISTOGRAM => vec!["_bucket", "_sum", "_count"],
+        let series: Vec<&str> = match *kind {
+            "histogram" => vec!["_bucket", "_sum", "_count"],
             _ => vec![""],
         };
         for suffix in series {
@@ -376,6 +325,108 @@ fn held_partitions_are_listed_and_replaced() {
     assert!(!text.contains("partition=\"votes-0\""), "{text}");
     assert!(
         text.contains("jurystream_partition_ready{partition=\"votes-1\"} 1\n"),
+        "{text}"
+    );
+}
+
+/// Label values that run together alike stay two series; a gone series
+/// disappears.
+#[test]
+fn label_values_that_concatenate_alike_stay_apart() {
+    let m = Metrics::new(10);
+    m.consumer_lag("votes", 12, 1);
+    m.consumer_lag("votes1", 2, 2);
+    let text = m.render();
+    assert!(
+        text.contains("jurystream_consumer_lag_messages{partition=\"12\",topic=\"votes\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("jurystream_consumer_lag_messages{partition=\"2\",topic=\"votes1\"} 2\n"),
+        "{text}"
+    );
+    m.forget_lag("votes", 12);
+    let text = m.render();
+    assert!(!text.contains("topic=\"votes\""), "{text}");
+    assert!(text.contains("topic=\"votes1\""), "{text}");
+
+    m.score_update(&update(Some("ab"), "c", true), 1.0);
+    m.score_update(&update(Some("a"), "bc", true), 1.0);
+    let text = m.render();
+    for pair in [
+        "model_id=\"ab\",voter_prompt_id=\"c\"",
+        "model_id=\"a\",voter_prompt_id=\"bc\"",
+    ] {
+        assert!(
+            text.contains(&format!("jurystream_ambiguity_flags_total{{{pair}}} 1\n")),
+            "{pair} in {text}"
+        );
+    }
+}
+
+/// A new agreement series is rendered at 0 once, then with its sums.
+#[test]
+fn a_new_agreement_series_starts_at_zero() {
+    let m = Metrics::new(10);
+    let line = |text: &str| {
+        text.lines()
+            .find(|l| {
+                l.starts_with("jurystream_agreement_pairable_votes_total{voter_prompt_id=\"r\"}")
+            })
+            .map(str::to_owned)
+    };
+    assert_eq!(line(&m.render()), None);
+    m.agreement("r", [2.0, 1.0, 1.0, 0.5]);
+    m.agreement("r", [1.0, 0.0, 0.0, 0.0]);
+    assert_eq!(
+        line(&m.render()).as_deref(),
+        Some("jurystream_agreement_pairable_votes_total{voter_prompt_id=\"r\"} 0.0")
+    );
+    assert_eq!(
+        line(&m.render()).as_deref(),
+        Some("jurystream_agreement_pairable_votes_total{voter_prompt_id=\"r\"} 3.0")
+    );
+    m.agreement("r", [1.0, 0.0, 0.0, 0.0]);
+    assert_eq!(
+        line(&m.render()).as_deref(),
+        Some("jurystream_agreement_pairable_votes_total{voter_prompt_id=\"r\"} 4.0")
+    );
+}
+
+/// The leaderboard gauges are replaced as a whole; the label cap applies.
+#[test]
+fn board_rows_replace_the_last_ones() {
+    let m = Metrics::new(1);
+    assert_eq!(
+        m.pair_labels(Some("a"), "r"),
+        ("a".to_string(), "r".to_string())
+    );
+    assert_eq!(
+        m.pair_labels(Some("b"), "s"),
+        (OTHER.to_string(), OTHER.to_string())
+    );
+    assert_eq!(
+        m.pair_labels(None, "r"),
+        (OTHER.to_string(), "r".to_string())
+    );
+    m.model_board([
+        (("a".to_string(), "r".to_string()), 1.5, 1.25, 2),
+        ((OTHER.to_string(), OTHER.to_string()), 0.5, 0.25, 1),
+    ]);
+    let text = m.render();
+    assert!(
+        text.contains("jurystream_model_scores{model_id=\"a\",voter_prompt_id=\"r\"} 1.5\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("jurystream_model_series{model_id=\"other\",voter_prompt_id=\"other\"} 1\n"),
+        "{text}"
+    );
+    m.model_board([(("a".to_string(), "r".to_string()), 1.0, 1.0, 1)]);
+    let text = m.render();
+    assert!(!text.contains("model_id=\"other\""), "{text}");
+    assert!(
+        text.contains("jurystream_model_score_squares{model_id=\"a\",voter_prompt_id=\"r\"} 1.0\n"),
         "{text}"
     );
 }
