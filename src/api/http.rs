@@ -1,5 +1,5 @@
 //! The query API's routes (SPEC §9), merged into the one HTTP server of
-//! `run` (`telemetry::http`):
+//! `run` (`server`):
 //!
 //! - `GET /v1/inferences/{id}` and `GET /v1/leaderboard[?voter_prompt_id=R]`
 //!   answer for the whole group: this instance's partitions plus what the
@@ -149,7 +149,7 @@ async fn openapi() -> Response {
 
 async fn auth(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response {
     if let Some(token) = &api.token {
-        if !crate::telemetry::http::bearer_matches(req.headers(), token) {
+        if !crate::server::bearer_matches(req.headers(), token) {
             let mut r = error(
                 StatusCode::UNAUTHORIZED,
                 "missing or wrong bearer token (Authorization: Bearer <api.token>)",

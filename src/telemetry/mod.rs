@@ -29,15 +29,6 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::engine::{Counters, ScoreUpdate};
 
-/// Old paths of the HTTP server, now [`crate::server`] (the query API's
-/// code names them until it moves to the new ones).
-#[doc(hidden)]
-pub mod http {
-    pub use crate::server::bearer_matches;
-}
-#[doc(hidden)]
-pub use crate::server::serve;
-
 // Every metric name, in one place (dashboards and alert rules use them).
 pub const VOTES_ACCEPTED: &str = "jurystream_votes_accepted_total";
 pub const VOTES_DUPLICATE: &str = "jurystream_votes_duplicate_total";
