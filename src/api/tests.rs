@@ -244,7 +244,8 @@ mod served {
     use super::super::*;
     use crate::engine::Engine;
     use crate::input::Vote;
-    use crate::telemetry::{serve, Metrics};
+    use crate::server::serve;
+    use crate::telemetry::Metrics;
     use std::io::{Read, Write};
     use std::net::{SocketAddr, TcpStream};
     use std::time::Duration;
