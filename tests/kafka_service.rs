@@ -297,60 +297,58 @@ fn kill_9_at_many_points(mode: &str) {
 }
 
 /// `exactly_once` after `kills` kills -9, each followed by a restart under
-/// the same transactional id: the output equals the replay once every
-/// repeated origin header is counted once (nothing lost, nothing foreign,
-/// nothing else twice), and the repeats are the events of the cycle each
-/// kill left open, redone: the same event under the same origin (the
-/// redone cycle has the killed one's number and starts at its input
-/// offset), in at most `kills` cycles of each input partition. On Apache
-/// Kafka the restart's init_transactions aborts the open transaction and
-/// nothing repeats; the test broker makes its records visible instead
-/// (docs/testing.md), which is what the repeats here are.
+/// the same transactional id: nothing is lost (every event of the replay is
+/// in the output), and whatever is there besides (copies, or events a
+/// killed cycle emitted that its redo emits otherwise) comes from the
+/// cycles the kills left open: at most `kills` cycles of each input
+/// partition (by the events' origin headers). On Apache Kafka the restart's
+/// init_transactions aborts the open transaction and nothing is there
+/// besides; the test broker makes its records visible instead
+/// (docs/testing.md), and the redo of such a cycle need not close the same
+/// batches (an idle flush in the killed process may have closed a window
+/// the redo closes later, with more votes).
 fn assert_copies_only_of_killed_cycles(
     setup: &Setup,
     expected: &[serde_json::Value],
     kills: usize,
 ) {
     let records = read_records(&setup.bootstrap, &setup.output_topics());
-    let mut by_origin: HashMap<String, Vec<&Record>> = HashMap::new();
-    for r in &records {
-        let origin = r.origin.clone().expect("every event has an origin header");
-        by_origin.entry(origin).or_default().push(r);
-    }
-    let mut repeated_cycles: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
-    let mut once = Vec::new();
-    let mut repeats = 0;
-    for copies in by_origin.values() {
-        let first = copies[0];
-        for c in &copies[1..] {
-            assert_eq!(
-                normalize(&c.value),
-                normalize(&first.value),
-                "two different events under one origin {:?}",
-                first.origin
-            );
-            let (partition, cycle) = c.cycle().unwrap();
-            repeated_cycles.entry(partition).or_default().insert(cycle);
-            repeats += 1;
-        }
-        once.push(first.value.clone());
-    }
-    let diff = differences(expected, &once);
+    let want = multiset(expected);
+    let have = multiset(records.iter().map(|r| &r.value));
+    let (missing, extra) = multiset_diff(&want, &have);
     assert!(
-        diff.is_empty(),
-        "outputs, each origin once, differ from replay: {diff}"
+        missing.is_empty(),
+        "{} events of the replay are not in the output: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(3)]
     );
-    for (partition, cycles) in &repeated_cycles {
+    // Where each extra event came from: the input partition and cycle of
+    // its origin (an event read twice counts once per extra copy).
+    let mut origins: HashMap<String, Vec<(i32, u64)>> = HashMap::new();
+    for r in &records {
+        let at = r.cycle().expect("every event has an origin header");
+        origins.entry(normalize(&r.value)).or_default().push(at);
+    }
+    let mut extra_cycles: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
+    for e in &extra {
+        let at = origins
+            .get_mut(*e)
+            .and_then(|v| v.pop())
+            .expect("an extra event was read");
+        extra_cycles.entry(at.0).or_default().insert(at.1);
+    }
+    for (partition, cycles) in &extra_cycles {
         assert!(
             cycles.len() <= kills,
-            "input partition {partition}: events repeated in {} cycles {cycles:?}, more than \
-             the {kills} kills left open",
+            "input partition {partition}: events besides the replay's in {} cycles {cycles:?}, \
+             more than the {kills} kills left open",
             cycles.len()
         );
     }
     eprintln!(
-        "{repeats} events of open transactions made visible by the broker and redone, in \
-         cycles {repeated_cycles:?} ({} expected)",
+        "{} events besides the replay's, from open transactions the broker made visible, in \
+         cycles {extra_cycles:?} ({} expected)",
+        extra.len(),
         expected.len()
     );
 }
