@@ -59,27 +59,6 @@ fn kill_once_committed(setup: &Setup, group: &str, at: i64, svc: &mut Service, t
     at_kill
 }
 
-/// High watermark per partition of `topic`.
-fn high_watermarks_of(bootstrap: &str, topic: &str) -> HashMap<i32, i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    md.topics()[0]
-        .partitions()
-        .iter()
-        .map(|p| {
-            let (_, high) = c
-                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
-                .unwrap();
-            (p.id(), high)
-        })
-        .collect()
-}
-
 /// Messages per input partition (last offset + 1), read to the end.
 fn end_offsets(setup: &Setup) -> HashMap<i32, i64> {
     let c: BaseConsumer = ClientConfig::new()

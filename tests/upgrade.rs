@@ -254,36 +254,6 @@ fn write_jsonl<'a>(path: &Path, values: impl IntoIterator<Item = &'a Value>) {
     std::fs::write(path, text).unwrap();
 }
 
-fn metadata_partitions(bootstrap: &str, topic: &str) -> Vec<i32> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    let mut parts: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
-    parts.sort();
-    parts
-}
-
-/// The high watermark of every partition of `topic`.
-fn high_watermarks(bootstrap: &str, topic: &str) -> BTreeMap<i32, i64> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .unwrap();
-    metadata_partitions(bootstrap, topic)
-        .into_iter()
-        .map(|p| {
-            let (_, high) = c
-                .fetch_watermarks(topic, p, Duration::from_secs(10))
-                .unwrap();
-            (p, high)
-        })
-        .collect()
-}
-
 /// Every record of `topic` a read_committed reader sees (`committed`; else
 /// read_uncommitted), in (partition, offset) order, read to the end of
 /// every partition.
@@ -700,7 +670,7 @@ fn write_fixtures(format: u32, commit: &str) {
     )
     .unwrap();
     setup.produce(&out.join("votes-1.jsonl"));
-    let ends = high_watermarks(&setup.bootstrap, &setup.input_topic);
+    let ends = high_watermarks_of(&setup.bootstrap, &setup.input_topic);
     assert_eq!(ends.len(), PARTITIONS as usize);
     assert!(
         ends.values().all(|e| *e > 0),
@@ -755,7 +725,7 @@ fn write_fixtures(format: u32, commit: &str) {
     let mut names = vec![setup.input_topic.clone(), changelog_topic()];
     names.extend(setup.output_topics());
     for t in &names {
-        let hw: serde_json::Map<String, Value> = high_watermarks(&setup.bootstrap, t)
+        let hw: serde_json::Map<String, Value> = high_watermarks_of(&setup.bootstrap, t)
             .into_iter()
             .map(|(p, h)| (p.to_string(), json!(h)))
             .collect();
@@ -999,7 +969,7 @@ fn run_continues(fx: &Fixture, old_state: bool) {
     );
     for t in [&setup.input_topic, &changelog_topic] {
         assert_eq!(
-            high_watermarks(&setup.bootstrap, t),
+            high_watermarks_of(&setup.bootstrap, t),
             high(t),
             "{t} as the old broker had it"
         );

@@ -1134,11 +1134,8 @@ pub fn group_offsets(bootstrap: &str, group: &str, topic: &str) -> BTreeMap<i32,
         .create()
         .unwrap();
     let mut tpl = TopicPartitionList::new();
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .unwrap();
-    for p in md.topics()[0].partitions() {
-        tpl.add_partition(topic, p.id());
+    for p in metadata_partitions(bootstrap, topic) {
+        tpl.add_partition(topic, p);
     }
     let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
     got.elements()
@@ -1149,6 +1146,37 @@ pub fn group_offsets(bootstrap: &str, group: &str, topic: &str) -> BTreeMap<i32,
                 _ => -1,
             };
             (e.partition(), o)
+        })
+        .collect()
+}
+
+/// The partitions of `topic`, in order.
+pub fn metadata_partitions(bootstrap: &str, topic: &str) -> Vec<i32> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    let md = c
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let mut parts: Vec<i32> = md.topics()[0].partitions().iter().map(|p| p.id()).collect();
+    parts.sort();
+    parts
+}
+
+/// The high watermark of every partition of `topic`.
+pub fn high_watermarks_of(bootstrap: &str, topic: &str) -> BTreeMap<i32, i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .unwrap();
+    metadata_partitions(bootstrap, topic)
+        .into_iter()
+        .map(|p| {
+            let (_, high) = c
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap();
+            (p, high)
         })
         .collect()
 }
