@@ -62,6 +62,7 @@ fn update(model: &str, rubric: &str, score: f64, ambiguous: bool) -> ScoreUpdate
         score_interval: None,
         previous_interval: None,
         companions: vec![],
+        learned: None,
     }
 }
 

@@ -36,6 +36,7 @@ if [ -x ../shared/conformance/check.sh ]; then
     ../shared/conformance/check.sh "$BIN"
     # SPEC §13 (effective_votes, score_interval)
     CHECK_CASES="$(cd ../shared/conformance && pwd)/cases-v3" ../shared/conformance/check.sh "$BIN"
+    CHECK_CASES="$(cd ../shared/conformance && pwd)/cases-v4" ../shared/conformance/check.sh "$BIN"
 else
     echo "conformance kit not found at ../shared/conformance/check.sh" >&2
     exit 1

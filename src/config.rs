@@ -19,6 +19,7 @@ use serde::Deserialize;
 use choice::{one_of, some_one_of};
 pub use choice::{Delivery, LogFormat};
 
+use crate::engine::reputation::{Mode, ReputationParams};
 use crate::engine::score::{Aggregator, TimeUnit};
 use crate::engine::{EngineConfig, RubricParams};
 use crate::input::DecodeOptions;
@@ -91,6 +92,7 @@ pub struct Config {
     pub log: Log,
     pub connect: Connect,
     pub label_studio: LabelStudio,
+    pub reputation: Reputation,
     pub rubrics: BTreeMap<String, RubricOverride>,
     engine: EngineConfig,
 }
@@ -112,6 +114,7 @@ struct Sections {
     log: Log,
     connect: Connect,
     label_studio: LabelStudio,
+    reputation: Reputation,
     #[serde(default)]
     rubrics: BTreeMap<String, RubricOverride>,
 }
@@ -271,6 +274,21 @@ pub struct LabelStudio {
     pub max_annotations: i64,
 }
 
+/// Learned reviewer reputation (SPEC §14).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reputation {
+    #[serde(deserialize_with = "one_of")]
+    pub mode: Mode,
+    pub epoch_seconds: f64,
+    pub prior_votes: f64,
+    pub noise_floor: f64,
+    pub min_weight: f64,
+    pub max_weight: f64,
+    #[serde(deserialize_with = "choice::text")]
+    pub topic: String,
+}
+
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RubricOverride {
@@ -394,6 +412,7 @@ impl Config {
             log: self.log.clone(),
             connect: self.connect.clone(),
             label_studio: self.label_studio.clone(),
+            reputation: self.reputation.clone(),
             rubrics,
         };
         s.scoring.lambda = lambda;
@@ -408,6 +427,22 @@ impl Config {
         let mut c = self.clone();
         c.engine.companions = companions;
         c
+    }
+
+    /// This configuration in reputation mode `mode` (the `reputation`
+    /// command collects in every mode).
+    pub fn with_reputation_mode(&self, mode: Mode) -> Config {
+        let mut c = self.clone();
+        c.reputation.mode = mode;
+        c.engine.reputation.mode = mode;
+        c
+    }
+
+    /// The cross-key rules of `reputation.epoch_seconds` (SPEC §14), which
+    /// load checks unless the mode is `off` and the `reputation` command
+    /// checks in every mode.
+    pub fn check_epochs(&self) -> Result<(), ConfigError> {
+        validate::check_epochs(&self.batching, &self.reputation)
     }
 
     /// The engine's view of this configuration, validated and built at load.
@@ -486,6 +521,7 @@ const DEFAULT_SECTIONS: &[&str] = &[
     "api",
     "connect",
     "label_studio",
+    "reputation",
 ];
 
 /// An error about a key an environment variable set names that variable:

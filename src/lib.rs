@@ -18,6 +18,7 @@ pub mod kafka;
 pub mod output;
 pub mod produce;
 pub mod replay;
+pub mod reputation;
 pub mod server;
 pub mod service;
 pub mod state;

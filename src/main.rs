@@ -100,6 +100,21 @@ enum Command {
     /// running service answers the same on GET /v1/rubrics and
     /// /v1/voters/{id}. Exit status 2 names a bad flag.
     Agreement(AgreementArgs),
+    /// Whom to trust: each reviewer's learned weight per rubric (SPEC §14),
+    /// for a vote log.
+    ///
+    /// Replays the file with the engine of `replay`, in any reputation.mode,
+    /// and counts every epoch as sealed at the end. A unit is an item and
+    /// rubric with at least two reviewers' values in an epoch (each
+    /// reviewer's latest vote there; abstentions have none). rated_votes:
+    /// values in units; mean_sq_deviation: the mean of (value − mean of the
+    /// others' values)²; noise_variance: the rubric's pooled noise τ², or
+    /// the reviewer's shrunk estimate; weight: what a batch of the next
+    /// epoch would weigh the reviewer's votes by in mode learned (1 = as
+    /// the rubric's typical reviewer, below 1 = noisier). A running service
+    /// shows the group's weights on GET /v1/voters/{id}. Exit status 2
+    /// names a bad flag or key.
+    Reputation(ReputationArgs),
     /// Ask a running service's query API and print the answer as pretty JSON.
     ///
     /// Any instance of the group answers for every partition (it asks the
@@ -249,6 +264,20 @@ struct BacktestArgs {
 #[derive(Args)]
 struct AgreementArgs {
     /// Configuration file (TOML), as for replay.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Votes, one JSON object per line.
+    #[arg(long, value_name = "VOTES.jsonl")]
+    input: PathBuf,
+    /// Output: tables for a terminal (table) or one JSON object (json).
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Format::Table)]
+    format: Format,
+}
+
+#[derive(Args)]
+struct ReputationArgs {
+    /// Configuration file (TOML), as for replay; its [reputation] section
+    /// sets the epochs, prior_votes, noise_floor and the weights' bounds.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Votes, one JSON object per line.
@@ -546,6 +575,25 @@ fn agreement(a: AgreementArgs) -> Outcome {
     Ok(())
 }
 
+fn reputation(a: ReputationArgs) -> Outcome {
+    let cfg = load_config(a.config.as_deref())?;
+    cfg.check_epochs()
+        .map_err(|e: ConfigError| Failure::Usage(e.to_string()))?;
+    let (out, summary) = jurystream::reputation::report_file(&cfg, &a.input)?;
+    match a.format {
+        Format::Json => println!("{}", serde_json::to_string(&out).unwrap_or_default()),
+        Format::Table => print!("{}", jurystream::reputation::table(&out)),
+    }
+    eprintln!(
+        "jurystream: reputation: {} lines, {} rejected, {} rubrics, {} reviewer rows",
+        summary.lines,
+        summary.rejected,
+        out.rubrics.len(),
+        out.voters.len()
+    );
+    Ok(())
+}
+
 fn inspect(a: InspectArgs) -> Outcome {
     let cfg = load_config(a.config.as_deref())?;
     let initial_score = cfg.engine().initial_score;
@@ -586,6 +634,7 @@ fn main() -> ExitCode {
         Command::Replay(a) => replay(a),
         Command::Backtest(a) => backtest(a),
         Command::Agreement(a) => agreement(a),
+        Command::Reputation(a) => reputation(a),
         Command::Inspect(a) => inspect(a),
         Command::Query(a) => query(a),
     };

@@ -10,6 +10,7 @@ use std::str::FromStr;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
+use crate::engine::reputation::Mode;
 use crate::engine::score::{Aggregator, TimeUnit};
 
 /// `kafka.delivery`: how a commit cycle reaches the broker.
@@ -81,6 +82,13 @@ impl Choice for TimeUnit {
         TimeUnit::Hours,
         TimeUnit::Days,
     ];
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl Choice for Mode {
+    const ALL: &'static [Self] = &[Mode::Off, Mode::Shadow, Mode::Learned];
     fn name(self) -> &'static str {
         self.as_str()
     }

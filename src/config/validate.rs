@@ -23,6 +23,7 @@ impl Sections {
             log: self.log,
             connect: self.connect,
             label_studio: self.label_studio,
+            reputation: self.reputation,
             rubrics: self.rubrics,
             engine,
         })
@@ -170,6 +171,7 @@ impl Sections {
                 )));
             }
         }
+        self.validate_reputation()?;
         self.validate_connect()
     }
 
@@ -264,6 +266,57 @@ impl Sections {
         Ok(())
     }
 
+    /// `[reputation]` (SPEC §14): each key in its range; the rules that
+    /// tie `epoch_seconds` to the batching unless the mode is `off`
+    /// ([`Config::check_epochs`] checks them in any mode).
+    fn validate_reputation(&self) -> Result<(), ConfigError> {
+        let r = &self.reputation;
+        positive("reputation.epoch_seconds", r.epoch_seconds)?;
+        seconds("reputation.epoch_seconds", r.epoch_seconds)?;
+        let ns = seconds_to_ns(r.epoch_seconds);
+        if ns == 0 || ns as f64 / NANOS_PER_SEC as f64 != r.epoch_seconds {
+            return Err(ConfigError(format!(
+                "reputation.epoch_seconds: must be a whole number of nanoseconds, got {}",
+                r.epoch_seconds
+            )));
+        }
+        non_negative("reputation.prior_votes", r.prior_votes)?;
+        positive("reputation.noise_floor", r.noise_floor)?;
+        positive("reputation.min_weight", r.min_weight)?;
+        if r.min_weight > 1.0 {
+            return Err(ConfigError(format!(
+                "reputation.min_weight: must be at most 1, got {}",
+                r.min_weight
+            )));
+        }
+        finite("reputation.max_weight", r.max_weight)?;
+        if r.max_weight < 1.0 {
+            return Err(ConfigError(format!(
+                "reputation.max_weight: must be >= 1, got {}",
+                r.max_weight
+            )));
+        }
+        if r.topic.is_empty() {
+            return Err(ConfigError("reputation.topic: must not be empty".into()));
+        }
+        if r.mode != Mode::Off {
+            check_epochs(&self.batching, r)?;
+        }
+        Ok(())
+    }
+
+    fn reputation_params(&self) -> ReputationParams {
+        let r = &self.reputation;
+        ReputationParams {
+            mode: r.mode,
+            epoch_ns: seconds_to_ns(r.epoch_seconds),
+            prior_votes: r.prior_votes,
+            noise_floor: r.noise_floor,
+            min_weight: r.min_weight,
+            max_weight: r.max_weight,
+        }
+    }
+
     /// The engine's configuration; checks the scoring parameters of the
     /// defaults and of every rubric on the way.
     fn engine(&self) -> Result<EngineConfig, ConfigError> {
@@ -287,6 +340,7 @@ impl Sections {
             rubrics,
             query_index: false,
             companions: Vec::new(),
+            reputation: self.reputation_params(),
         })
     }
 
@@ -322,6 +376,26 @@ impl Sections {
             temperature,
         })
     }
+}
+
+/// `reputation.epoch_seconds` a multiple of `batching.window_seconds`
+/// (when that is > 0) and at least `batching.grace_seconds`.
+pub(super) fn check_epochs(b: &Batching, r: &Reputation) -> Result<(), ConfigError> {
+    let e = seconds_to_ns(r.epoch_seconds);
+    let w = seconds_to_ns(b.window_seconds);
+    if w > 0 && e % w != 0 {
+        return Err(ConfigError(format!(
+            "reputation.epoch_seconds: must be a multiple of batching.window_seconds ({}), got {}",
+            b.window_seconds, r.epoch_seconds
+        )));
+    }
+    if e < seconds_to_ns(b.grace_seconds) {
+        return Err(ConfigError(format!(
+            "reputation.epoch_seconds: must be at least batching.grace_seconds ({}), got {}",
+            b.grace_seconds, r.epoch_seconds
+        )));
+    }
+    Ok(())
 }
 
 fn finite(key: &str, v: f64) -> Result<(), ConfigError> {

@@ -2,6 +2,7 @@
 //! full batch closes, in what order, and the score update each closed
 //! batch makes of its series.
 
+use super::reputation;
 use super::score::Evidence;
 use super::*;
 
@@ -63,6 +64,12 @@ impl Engine {
         if self.cfg.query_index {
             self.note_unit(&key.series.voter_prompt_id, &counted);
         }
+        // `learned` (SPEC §14): each counted vote's ω in T_k, and (k − 1)·E.
+        let learned = (self.cfg.reputation.learned() && !counted.is_empty()).then(|| {
+            let (table, until) = self.table_for(&key.series.voter_prompt_id, key.window_start);
+            let weights: Vec<f64> = counted.iter().map(|e| table.weight(&e.voter_id)).collect();
+            (weights, until)
+        });
         let cfg = &self.cfg;
         // An open batch pins its series in the cache, so it is here; if not,
         // the score update is lost: the shell must stop before committing.
@@ -84,9 +91,17 @@ impl Engine {
             return;
         }
         let params = cfg.params(&key.series.voter_prompt_id).clone();
+        // r'_i = r_i·ω_i in `learned` mode (one product), else r_i.
         let pairs: Vec<(f64, f64)> = counted
             .iter()
-            .map(|e| (e.value.unwrap_or_default(), e.weight))
+            .enumerate()
+            .map(|(i, e)| {
+                let r = match &learned {
+                    Some((weights, _)) => e.weight * weights[i],
+                    None => e.weight,
+                };
+                (e.value.unwrap_or_default(), r)
+            })
             .collect();
         let m = score::moments(&pairs);
         let agg = score::aggregate(&pairs, m.mean, params.aggregator, params.temperature);
@@ -119,8 +134,22 @@ impl Engine {
         let dt_ns = (last - t_prev).max(0);
         let dt_seconds = dt_ns as f64 / NANOS_PER_SEC as f64;
         let alpha = score::decay(params.lambda, dt_seconds, params.time_unit);
-        let new_score = score::update(alpha, prev_score, agg);
-        let evidence = prev_evidence.update(alpha, m.concentration);
+        // The step, damped in `learned` mode by the batch's mean ω
+        // (SPEC §14): R = Σ r_i against R' = Σ r'_i (`weight_sum`).
+        let callers = learned.as_ref().map(|_| {
+            let mut r = 0.0;
+            for e in &counted {
+                r += e.weight;
+            }
+            r
+        });
+        let step = |alpha: f64| match callers {
+            Some(r) => reputation::damped_step(alpha, r, m.weight_sum),
+            None => (alpha, 1.0 - alpha),
+        };
+        let (kappa, beta) = step(alpha);
+        let new_score = score::step(kappa, beta, prev_score, agg);
+        let evidence = prev_evidence.step(kappa, beta, m.concentration);
         let mut companions = Vec::with_capacity(cfg.companions.len());
         let mut companion_evidence = Vec::with_capacity(cfg.companions.len());
         for (k, d) in cfg.companions.iter().enumerate() {
@@ -136,13 +165,13 @@ impl Engine {
                 ),
                 _ => (prev_score, prev_evidence),
             };
-            let a = score::decay(lambda, dt_seconds, unit);
+            let (kappa, beta) = step(score::decay(lambda, dt_seconds, unit));
             companions.push(Forecast {
                 previous_score: prev,
-                score: score::update(a, prev, agg),
+                score: score::step(kappa, beta, prev, agg),
                 previous_interval: prev_evidence.interval(prev, cfg.initial_score),
             });
-            companion_evidence.push(prev_evidence.update(a, m.concentration));
+            companion_evidence.push(prev_evidence.step(kappa, beta, m.concentration));
         }
         if !companions.is_empty() {
             state.companion_scores = companions.iter().map(|c| c.score).collect();
@@ -199,6 +228,11 @@ impl Engine {
             score_interval: evidence.interval(new_score, cfg.initial_score),
             previous_interval: prev_evidence.interval(prev_score, cfg.initial_score),
             companions,
+            learned: learned.map(|(weights, table_until)| Learned {
+                weights,
+                step: beta,
+                table_until,
+            }),
         });
         if let (Some(from), Some(to)) = (before, after) {
             self.move_on_board(from, to);

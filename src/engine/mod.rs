@@ -17,7 +17,9 @@ pub mod score;
 pub use identity::{derived_vote_id, vote_identity};
 
 mod close;
+mod learn;
 mod persisted;
+pub mod reputation;
 
 pub use persisted::{Batch, BatchKey, Entry, Meta, SeriesKey, SeriesState};
 
@@ -31,6 +33,8 @@ use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
 use agreement::{ReviewerKey, ReviewerStats, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
 use cache::{IdKey, IdentityEntry, SeriesEntry};
+use learn::OpenSlot;
+use reputation::{Epoch, OpenKey, OpenValue, ReputationParams, Tables, Terms, TermsKey};
 use score::{Aggregator, TimeUnit};
 
 /// The scoring parameters a rubric may override.
@@ -93,6 +97,8 @@ pub struct EngineConfig {
     /// Other decays whose scores every series also keeps (the backtest;
     /// empty otherwise): [`ScoreUpdate::companions`].
     pub companions: Vec<Decay>,
+    /// SPEC §14.
+    pub reputation: ReputationParams,
 }
 
 impl EngineConfig {
@@ -166,6 +172,20 @@ pub struct ScoreUpdate {
     pub previous_interval: Option<(f64, f64)>,
     /// The same update under each of [`EngineConfig::companions`].
     pub companions: Vec<Forecast>,
+    /// `learned` mode (SPEC §14): the weights and step applied.
+    pub learned: Option<Learned>,
+}
+
+/// What `learned` mode applied to a batch (SPEC §14 "Outputs").
+#[derive(Debug, Clone, PartialEq)]
+pub struct Learned {
+    /// ω of each counted vote, in `votes` order (each vote's applied
+    /// weight is its `weight` × this).
+    pub weights: Vec<f64>,
+    /// β, the damped step.
+    pub step: f64,
+    /// (k − 1)·E: the end of the newest epoch T_k holds.
+    pub table_until: Nanos,
 }
 
 impl ScoreUpdate {
@@ -207,6 +227,11 @@ pub enum Change<'a> {
     /// A reviewer's agreement numbers for a rubric, whole (`query_index`
     /// only).
     Reviewer(&'a ReviewerKey, &'a ReviewerStats),
+    /// A reviewer's latest vote of a series in an open epoch (SPEC §14;
+    /// `None`: the epoch was sealed).
+    OpenValue(&'a OpenKey, Option<&'a OpenValue>),
+    /// A sealed delta of this partition (SPEC §14), written once.
+    Terms(&'a TermsKey, &'a Terms),
 }
 
 /// An open batch with its key.
@@ -288,6 +313,16 @@ pub struct Engine {
     /// (`query_index` only).
     reviewers: FxHashMap<ReviewerKey, agreement::ReviewerEntry>,
     dirty_reviewers: Vec<ReviewerKey>,
+    /// SPEC §14: each open epoch's latest vote per series and reviewer
+    /// (modes `shadow` and `learned`; at most two epochs).
+    open_values: BTreeMap<Epoch, FxHashMap<(SeriesKey, Id), OpenSlot>>,
+    dirty_open: Vec<OpenKey>,
+    /// Values the store holds of epochs sealed since the last drain.
+    deleted_open: Vec<OpenKey>,
+    /// Deltas sealed since the last drain.
+    sealed: Vec<(TermsKey, Terms)>,
+    /// The tables the partition's batches are scored with.
+    tables: Tables,
     /// Approximate bytes of the cached series and identities.
     cache_bytes: usize,
     /// Use counter for least-recently-used eviction.
@@ -337,6 +372,11 @@ impl Engine {
             dirty_agreement: Vec::new(),
             reviewers: FxHashMap::default(),
             dirty_reviewers: Vec::new(),
+            open_values: BTreeMap::new(),
+            dirty_open: Vec::new(),
+            deleted_open: Vec::new(),
+            sealed: Vec::new(),
+            tables: Tables::default(),
             cache_bytes: 0,
             tick: 0,
             identity_cut: 0,
@@ -548,6 +588,9 @@ impl Engine {
             self.dirty_voters
                 .push((skey.clone(), vote.voter_id.clone()));
         }
+        if self.cfg.reputation.collects() {
+            self.note_value(&skey, &vote.voter_id, start, vote.timestamp, vote.value);
+        }
         // (6) watermark.
         self.advance_to(vote.timestamp - self.cfg.grace_ns);
         self.close_ready(full.then_some(seq), out);
@@ -582,8 +625,11 @@ impl Engine {
 
     fn advance_to(&mut self, candidate: Nanos) {
         if self.meta.watermark.is_none_or(|wm| candidate > wm) {
-            self.meta.watermark = Some(candidate);
+            let before = self.meta.watermark.replace(candidate);
             self.meta_dirty = true;
+            if self.cfg.reputation.collects() {
+                self.seal_through(candidate, before);
+            }
         }
     }
 
@@ -651,6 +697,7 @@ impl Engine {
             }
         }
         self.drain_agreement(&mut sink);
+        self.drain_reputation(&mut sink);
         if std::mem::take(&mut self.meta_dirty) {
             sink(Change::Meta(&self.meta));
         }

@@ -119,10 +119,16 @@ impl Evidence {
     /// concentration `d` ([`Moments::concentration`]):
     /// `V = α V + (1 − α)`, `Q = α² Q + (1 − α)² D`.
     pub fn update(self, alpha: f64, d: f64) -> Evidence {
-        let fresh = 1.0 - alpha;
+        self.step(alpha, 1.0 - alpha, d)
+    }
+
+    /// [`Evidence::update`] with a step of `beta` and `kappa` for what is
+    /// kept (`learned` mode's damped step, SPEC §14; κ = α, β = 1 − α
+    /// otherwise): `V = κ V + β`, `Q = κ² Q + β² D`.
+    pub fn step(self, kappa: f64, beta: f64, d: f64) -> Evidence {
         Evidence {
-            v: alpha * self.v + fresh,
-            q: alpha * alpha * self.q + fresh * fresh * d,
+            v: kappa * self.v + beta,
+            q: kappa * kappa * self.q + beta * beta * d,
         }
     }
 
@@ -200,7 +206,13 @@ pub fn decay(lambda: f64, delta_t_seconds: f64, unit: TimeUnit) -> f64 {
 
 /// `S_new = α S + (1 − α) a`.
 pub fn update(alpha: f64, previous: f64, aggregate: f64) -> f64 {
-    alpha * previous + (1.0 - alpha) * aggregate
+    step(alpha, 1.0 - alpha, previous, aggregate)
+}
+
+/// `S_new = κ S + β a`: [`update`] with `learned` mode's damped step
+/// (SPEC §14).
+pub fn step(kappa: f64, beta: f64, previous: f64, aggregate: f64) -> f64 {
+    kappa * previous + beta * aggregate
 }
 
 /// Ambiguous when there are at least `min_votes` votes and `σ² > threshold` (strict).

@@ -3,7 +3,7 @@ use super::*;
 use crate::input::Vote;
 use crate::time::parse_timestamp;
 
-fn cfg() -> EngineConfig {
+pub(super) fn cfg() -> EngineConfig {
     EngineConfig {
         window_ns: 60 * NANOS_PER_SEC,
         window_seconds: 60.0,
@@ -23,10 +23,18 @@ fn cfg() -> EngineConfig {
         rubrics: HashMap::new(),
         query_index: true,
         companions: Vec::new(),
+        reputation: super::reputation::ReputationParams {
+            mode: super::reputation::Mode::Off,
+            epoch_ns: 86_400 * NANOS_PER_SEC,
+            prior_votes: 20.0,
+            noise_floor: 0.03,
+            min_weight: 0.2,
+            max_weight: 3.0,
+        },
     }
 }
 
-fn vote(inf: &str, voter: &str, value: Option<f64>, ts: &str) -> Vote {
+pub(super) fn vote(inf: &str, voter: &str, value: Option<f64>, ts: &str) -> Vote {
     Vote {
         inference_id: inf.into(),
         voter_id: voter.into(),
@@ -247,7 +255,7 @@ fn an_identity_accepted_again_reports_the_vote_time_it_replaces() {
 
 /// A model of the state store: the records the engine's changes make.
 #[derive(Default)]
-struct Model {
+pub(super) struct Model {
     meta: Meta,
     series: HashMap<SeriesKey, SeriesState>,
     batches: BTreeMap<BatchKey, Batch>,
@@ -256,6 +264,8 @@ struct Model {
     board: HashMap<BoardKey, BoardRow>,
     agreement: BTreeMap<String, agreement::RubricSums>,
     reviewers: BTreeMap<(String, String), agreement::ReviewerStats>,
+    pub(super) open: BTreeMap<reputation::OpenKey, reputation::OpenValue>,
+    pub(super) terms: BTreeMap<reputation::TermsKey, reputation::Terms>,
 }
 
 impl Model {
@@ -286,7 +296,7 @@ impl Model {
         assert_eq!(self.board, self.board_from_series());
     }
 
-    fn persist(&mut self, e: &mut Engine) {
+    pub(super) fn persist(&mut self, e: &mut Engine) {
         for k in e.reviewers_unknown() {
             let stored = self.reviewers.get(&(k.0.to_string(), k.1.to_string()));
             e.provide_reviewer(&k, stored.copied());
@@ -320,16 +330,36 @@ impl Model {
             Change::Reviewer((r, v), st) => {
                 self.reviewers.insert((r.to_string(), v.to_string()), *st);
             }
+            Change::OpenValue(k, Some(v)) => {
+                self.open.insert(k.clone(), *v);
+            }
+            Change::OpenValue(k, None) => {
+                self.open.remove(k);
+            }
+            Change::Terms(k, t) => {
+                assert!(
+                    self.terms.insert(k.clone(), *t).is_none(),
+                    "{k:?} sealed twice"
+                );
+            }
         });
     }
 
     fn restore(&self) -> Engine {
+        self.restore_with(cfg())
+    }
+
+    pub(super) fn restore_with(&self, cfg: EngineConfig) -> Engine {
         let series: Vec<_> = self
             .batches
             .keys()
             .map(|k| (k.series.clone(), self.series[&k.series].clone()))
             .collect();
-        let mut e = Engine::restore(cfg(), self.meta, series, self.batches.clone(), false);
+        let mut e = Engine::restore(cfg, self.meta, series, self.batches.clone(), false);
+        e.restore_reputation(
+            self.open.iter().map(|(k, v)| (k.clone(), *v)),
+            self.terms.iter().map(|(k, t)| (k.clone(), *t)),
+        );
         e.restore_board(self.board.clone());
         e.restore_agreement(
             self.agreement
@@ -339,7 +369,7 @@ impl Model {
         e
     }
 
-    fn load(&self, e: &mut Engine, v: &Vote) {
+    pub(super) fn load(&self, e: &mut Engine, v: &Vote) {
         let w = e.wants(v);
         if let Some(k) = w.series {
             let s = self.series.get(&k).cloned();

@@ -109,6 +109,14 @@ fn write_score_updated(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
         ids.str("", &e.vote_id);
     }
     ids.close();
+    if let Some(l) = &u.learned {
+        let mut w = b.open_array("learned_weights");
+        for &x in &l.weights {
+            w.f64("", x);
+        }
+        w.close();
+        b.f64("step", l.step).ts("table_until", l.table_until);
+    }
     b.close();
     o.opt_f64("effective_votes", u.effective_votes);
     match u.score_interval {
@@ -132,13 +140,19 @@ fn write_ambiguity_flagged(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &st
         .f64("threshold", u.params.variance_threshold)
         .f64("mean_vote", u.mean_vote);
     let mut votes = o.open_array("votes");
-    for e in &u.votes {
+    let learned = u.learned.as_ref().map(|l| &l.weights);
+    for (i, e) in u.votes.iter().enumerate() {
         let mut v = votes.element_object();
+        // `learned` mode: the applied weight r'_i = r_i·ω_i, then ω_i.
+        let omega = learned.map(|w| w[i]);
         v.str("vote_id", &e.vote_id)
             .str("voter_id", &e.voter_id)
             .f64("value", e.value.unwrap_or_default())
-            .f64("weight", e.weight)
+            .f64("weight", omega.map_or(e.weight, |w| e.weight * w))
             .ts("timestamp", e.timestamp);
+        if let Some(w) = omega {
+            v.f64("learned_weight", w);
+        }
         v.close();
     }
     votes.close();

@@ -346,6 +346,17 @@ pub(crate) fn run_detached<C: Borrow<Chunk>, K: Sink>(
     chunks: impl Iterator<Item = std::io::Result<C>>,
     sink: &mut K,
 ) -> Result<ReplaySummary> {
+    run_detached_then(cfg, budget, chunks, sink, |_| ()).map(|(summary, ())| summary)
+}
+
+/// [`run_detached`], then `then` on the engine (its batches closed).
+pub(crate) fn run_detached_then<C: Borrow<Chunk>, K: Sink, T>(
+    cfg: &Config,
+    budget: usize,
+    chunks: impl Iterator<Item = std::io::Result<C>>,
+    sink: &mut K,
+    then: impl FnOnce(&mut Engine) -> T,
+) -> Result<(ReplaySummary, T)> {
     let tmp = error::temp_dir()?;
     let store = Store::open_temporary(tmp.path())?;
     let (mut engine, _) = store.load(cfg.engine())?;
@@ -355,7 +366,7 @@ pub(crate) fn run_detached<C: Borrow<Chunk>, K: Sink>(
     engine.close_all(&mut updates);
     checked(&mut engine, &store)?;
     sink.updates(&mut updates).map_err(to_output)?;
-    Ok(summary)
+    Ok((summary, then(&mut engine)))
 }
 
 /// An inconsistency the engine met (`Engine::take_inconsistency`) stops

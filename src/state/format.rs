@@ -23,7 +23,9 @@
 //! leaderboard and the series' `ambiguous`/`pending`, 5 agreement sums
 //! and reviewers, `last_mean_vote` and companion scores, 6 the evidence and
 //! the leaderboard's squares (all untagged, [`super::legacy`]); 7 the
-//! format byte on every value, same layouts as 6.
+//! format byte on every value, same layouts as 6; 8 SPEC §14's open values
+//! (`e`) and sealed deltas (`u`), the layouts of 7 unchanged (a format-7
+//! value is read as it is).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
@@ -31,19 +33,23 @@ use thiserror::Error;
 
 use crate::engine::agreement::{ReviewerStats, RubricSums};
 use crate::engine::board::{BoardKey, BoardRow};
+use crate::engine::reputation::{Epoch, OpenKey, OpenValue, Terms, TermsKey};
 use crate::engine::score::Evidence;
 use crate::engine::{Batch, BatchKey, Entry, Meta, SeriesKey, SeriesState};
 use crate::input::Id;
 use crate::time::Nanos;
 
 /// The format this build writes.
-pub const FORMAT: u8 = 7;
+pub const FORMAT: u8 = 8;
+
+/// The first format with the format byte; every value of 7 reads as 8.
+pub const FIRST_TAGGED: u8 = 7;
 
 /// Changelog record header naming the format of its value (ASCII decimal).
 pub const HEADER: &str = "jurystream-format";
 
 /// [`FORMAT`] as the header's value.
-pub const HEADER_VALUE: &[u8] = b"7";
+pub const HEADER_VALUE: &[u8] = b"8";
 
 /// A value this build cannot read.
 #[derive(Debug, Error)]
@@ -74,7 +80,7 @@ fn encode<T: Serialize + ?Sized>(layout: &T) -> Vec<u8> {
 fn payload(v: &[u8]) -> Result<(u8, &[u8]), FormatError> {
     match v.split_first() {
         None => Err(FormatError::Empty),
-        Some((&FORMAT, rest)) => Ok((FORMAT, rest)),
+        Some((&f, rest)) if (FIRST_TAGGED..=FORMAT).contains(&f) => Ok((f, rest)),
         Some((&f, _)) => Err(FormatError::Unknown(f)),
     }
 }
@@ -100,7 +106,7 @@ pub fn decode_value<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
 pub fn changelog_is_tagged(header: Option<&[u8]>) -> Result<bool, FormatError> {
     match header {
         None => Ok(false),
-        Some(HEADER_VALUE) => Ok(true),
+        Some(b"7" | b"8") => Ok(true),
         Some(other) => Err(FormatError::Header(
             String::from_utf8_lossy(other).into_owned(),
         )),
@@ -348,6 +354,63 @@ pub fn encode_reviewer(r: &ReviewerStats) -> Vec<u8> {
 pub fn decode_reviewer(v: &[u8]) -> Result<ReviewerStats, FormatError> {
     let (rated, sq_dev): ReviewerL = decode(v)?;
     Ok(ReviewerStats { rated, sq_dev })
+}
+
+/// An open value (SPEC §14): vote time, value (None: an abstention).
+type OpenValueL = (Nanos, Option<f64>);
+
+pub fn encode_open_value(v: &OpenValue) -> Vec<u8> {
+    encode::<OpenValueL>(&(v.timestamp, v.value))
+}
+
+pub fn decode_open_value(v: &[u8]) -> Result<OpenValue, FormatError> {
+    let (timestamp, value): OpenValueL = decode(v)?;
+    Ok(OpenValue { timestamp, value })
+}
+
+/// A sealed delta (SPEC §14): n, q, h.
+type TermsL = (u64, u128, u128);
+
+pub fn encode_terms(t: &Terms) -> Vec<u8> {
+    encode::<TermsL>(&(t.n, t.q, t.h))
+}
+
+pub fn decode_terms(v: &[u8]) -> Result<Terms, FormatError> {
+    let (n, q, h): TermsL = decode(v)?;
+    Ok(Terms { n, q, h })
+}
+
+/// An open value's key after the kind byte: epoch, inference, rubric,
+/// reviewer.
+pub fn open_value_key(k: &OpenKey) -> Vec<u8> {
+    let (epoch, series, voter) = k;
+    let layout = (
+        *epoch,
+        &*series.inference_id,
+        &*series.voter_prompt_id,
+        &**voter,
+    );
+    postcard::to_allocvec(&layout).expect("postcard into a Vec")
+}
+
+pub fn parse_open_value_key(bytes: &[u8]) -> Result<OpenKey, postcard::Error> {
+    let (epoch, inference_id, voter_prompt_id, voter): (Epoch, Id, Id, Id) =
+        postcard::from_bytes(bytes)?;
+    let series = SeriesKey {
+        inference_id,
+        voter_prompt_id,
+    };
+    Ok((epoch, series, voter))
+}
+
+/// A sealed delta's key after the kind byte: rubric, epoch, reviewer.
+pub fn terms_key(k: &TermsKey) -> Vec<u8> {
+    let (rubric, epoch, voter) = k;
+    postcard::to_allocvec(&(&**rubric, *epoch, &**voter)).expect("postcard into a Vec")
+}
+
+pub fn parse_terms_key(bytes: &[u8]) -> Result<TermsKey, postcard::Error> {
+    postcard::from_bytes(bytes)
 }
 
 /// Where the identity sweep got to: a `t` key.

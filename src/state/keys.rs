@@ -167,6 +167,14 @@ pub(super) fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
             reviewer_key(rubric, voter),
             Some(format::encode_reviewer(stats)),
         ),
+        Change::OpenValue(k, v) => (
+            [&b"e"[..], &format::open_value_key(k)].concat(),
+            v.map(format::encode_open_value),
+        ),
+        Change::Terms(k, t) => (
+            [&b"u"[..], &format::terms_key(k)].concat(),
+            Some(format::encode_terms(t)),
+        ),
     };
     out.push(record);
 }

@@ -23,6 +23,8 @@
 //!   [`Store::sweep`] walks it to forget identities past the retention
 //! - `v` len(inf) inf len(vp) vp voter → empty: the series' voters (query API)
 //! - `l` postcard(`BoardKey`)   → `BoardRow`: the partition's leaderboard (`board.rs`)
+//! - `e` postcard(epoch, inf, vp, voter) → SPEC §14 open value (vote time, value)
+//! - `u` postcard(vp, epoch, voter) → SPEC §14 sealed delta of this partition (n, q, h)
 //! - `p` name                    → shell positions (input offset, changelog offset)
 //! - `c`, `o`…                   → the service's cycle marker and outbox
 //!   (`crate::service::changelog`); stored here, never interpreted here
@@ -37,6 +39,7 @@ use rocksdb::{
 use thiserror::Error;
 
 use crate::engine::agreement::{ReviewerStats, RubricSums};
+use crate::engine::reputation::{OpenKey, OpenValue, Terms, TermsKey};
 use crate::engine::{Batch, BatchKey, Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants};
 use crate::time::Nanos;
 
@@ -93,6 +96,9 @@ const INCOMPLETE: &str = "incomplete_write";
 /// start empty (the votes before are gone).
 const FORMAT_POS: &str = "format";
 const FORMAT_VERSION: i64 = format::FORMAT as i64;
+/// The first format whose values carry their format byte: from it on an
+/// upgrade rewrites nothing (7 → 8 added record kinds only).
+const TAGGED_VERSION: i64 = format::FIRST_TAGGED as i64;
 
 /// Position name of how far the upgrade to format 7 got (the last key
 /// rewritten; raw bytes, not a number), so that an interrupted upgrade
@@ -286,7 +292,7 @@ impl Store {
             unlogged: false.into(),
             legacy: false,
         };
-        store.legacy = store.position(FORMAT_POS)?.unwrap_or(0) < FORMAT_VERSION;
+        store.legacy = store.position(FORMAT_POS)?.unwrap_or(0) < TAGGED_VERSION;
         Ok(store)
     }
 
@@ -331,7 +337,11 @@ impl Store {
         if format == FORMAT_VERSION {
             return Ok(());
         }
-        let tagged = self.tag_values()?;
+        let tagged = if format < TAGGED_VERSION {
+            self.tag_values()?
+        } else {
+            0
+        };
         let mut wb = WriteBatch::default();
         let mut indexed = 0u64;
         if format < 3 {
@@ -355,7 +365,7 @@ impl Store {
         wb.put(position_key(FORMAT_POS), FORMAT_VERSION.to_le_bytes());
         wb.delete(position_key(UPGRADING_POS));
         self.write(wb)?;
-        if tagged > 0 {
+        if format > 0 {
             tracing::info!(path = %self.path.display(), from = format, to = FORMAT_VERSION,
                 records = tagged, identities_indexed = indexed, "state directory upgraded");
         }
@@ -637,7 +647,9 @@ impl Store {
         } else {
             Default::default()
         };
+        let (values, deltas) = self.reputation()?;
         let mut engine = Engine::restore(cfg, meta, series, batches, empty);
+        engine.restore_reputation(values, deltas);
         engine.restore_board(board);
         engine.restore_agreement(
             agreement
@@ -645,6 +657,26 @@ impl Store {
                 .map(|(k, s)| (crate::input::Id::from(k), s)),
         );
         Ok((engine, stats))
+    }
+
+    /// SPEC §14's open values and this partition's sealed deltas.
+    #[allow(clippy::type_complexity)]
+    fn reputation(
+        &self,
+    ) -> Result<(Vec<(OpenKey, OpenValue)>, Vec<(TermsKey, Terms)>), StoreError> {
+        let mut values = Vec::new();
+        for item in self.prefix(b"e") {
+            let (k, v) = item?;
+            let key = format::parse_open_value_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            values.push((key, self.decoded(&k, &v, format::decode_open_value)?));
+        }
+        let mut deltas = Vec::new();
+        for item in self.prefix(b"u") {
+            let (k, v) = item?;
+            let key = format::parse_terms_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            deltas.push((key, self.decoded(&k, &v, format::decode_terms)?));
+        }
+        Ok((values, deltas))
     }
 
     /// Hands the engine what `wants` name, read from the store (one

@@ -540,15 +540,19 @@ fn values_carry_their_format_and_unknown_ones_are_refused() {
     newer[0] = format::FORMAT + 1;
     assert!(matches!(
         format::decode_series(&newer),
-        Err(FormatError::Unknown(8))
+        Err(FormatError::Unknown(9))
     ));
+    // Format 7's values read as they are (its layouts are 8's).
+    let mut seven = v.clone();
+    seven[0] = 7;
+    assert_eq!(format::decode_series(&seven).unwrap(), s);
     assert!(matches!(
         format::decode_series(&[]),
         Err(FormatError::Empty)
     ));
     assert!(matches!(
         format::decode_series(&v[..v.len() - 1]),
-        Err(FormatError::Layout { format: 7, .. })
+        Err(FormatError::Layout { format: 8, .. })
     ));
 
     let entry = crate::engine::Entry {
@@ -630,8 +634,12 @@ fn untagged_records_upgrade_to_what_this_build_writes() {
         &*current_value(b"s", &tagged[1..], None).unwrap(),
         &tagged[..]
     );
+    assert_eq!(
+        &*current_value(b"s", &tagged, Some(b"7")).unwrap(),
+        &tagged[..]
+    );
     assert!(matches!(
-        current_value(b"s", &tagged, Some(b"8")),
+        current_value(b"s", &tagged, Some(b"9")),
         Err(FormatError::Header(_))
     ));
 }

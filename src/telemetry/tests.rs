@@ -41,6 +41,7 @@ fn update(model: Option<&str>, rubric: &str, ambiguous: bool) -> ScoreUpdate {
         score_interval: None,
         previous_interval: None,
         companions: vec![],
+        learned: None,
     }
 }
 

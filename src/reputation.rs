@@ -1,0 +1,186 @@
+//! `jurystream reputation` (SPEC §14): the learned reviewer weights of a
+//! vote log, with the engine of `replay`.
+//!
+//! The file runs through a fresh engine on a temporary store
+//! (`replay::run_detached_then`) that collects and seals as `shadow` mode
+//! does in any configured mode (the tables do not depend on it); at the
+//! end every epoch is sealed, and the rows are the tables over every
+//! epoch: what a batch of the next epoch would get.
+//!
+//! Errors: [`ReplayError`], `replay`'s own, and a configuration whose
+//! `epoch_seconds` breaks its cross-key rules (checked in every mode).
+
+use std::io::BufReader;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::engine::reputation::{unfix, Epoch, Mode, Table, Tables};
+use crate::engine::ScoreUpdate;
+use crate::input::Rejection;
+use crate::replay::{
+    join_thread, open_input, run_detached_then, spawn_reader, Chunk, Progress, ReplayError,
+    ReplaySummary, Sink, INPUT_READER,
+};
+
+/// What `reputation --format json` prints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReputationOut {
+    pub rubrics: Vec<RubricRow>,
+    pub voters: Vec<VoterRow>,
+}
+
+/// A rubric's pooled numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RubricRow {
+    pub voter_prompt_id: String,
+    /// N: values in units.
+    pub rated_votes: u64,
+    /// float(Q)·2⁻⁴⁰ / N.
+    pub mean_sq_deviation: f64,
+    /// τ².
+    pub noise_variance: f64,
+}
+
+/// A reviewer's numbers for a rubric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VoterRow {
+    pub voter_id: String,
+    pub voter_prompt_id: String,
+    /// N_u.
+    pub rated_votes: u64,
+    /// float(Q_u)·2⁻⁴⁰ / N_u.
+    pub mean_sq_deviation: f64,
+    /// σ̂²_u.
+    pub noise_variance: f64,
+    /// ω_u.
+    pub weight: f64,
+}
+
+/// The rows of `tables` over every epoch: rubrics by `voter_prompt_id`,
+/// reviewers by (`voter_id`, `voter_prompt_id`), byte-wise; only those
+/// with `rated_votes` ≥ 1.
+pub fn report(cfg: &Config, tables: &Tables) -> ReputationOut {
+    let p = cfg.engine().reputation;
+    let mut rubrics = Vec::new();
+    let mut voters = Vec::new();
+    for rubric in tables.rubrics() {
+        let table = Table::build(&p, tables.sums(&rubric, Epoch::MAX));
+        let n = table.totals.n;
+        if n == 0 {
+            continue;
+        }
+        rubrics.push(RubricRow {
+            voter_prompt_id: rubric.to_string(),
+            rated_votes: n,
+            mean_sq_deviation: unfix(table.totals.q) / n as f64,
+            noise_variance: table.noise_variance,
+        });
+        for (voter, r) in &table.voters {
+            voters.push(VoterRow {
+                voter_id: voter.to_string(),
+                voter_prompt_id: rubric.to_string(),
+                rated_votes: r.terms.n,
+                mean_sq_deviation: unfix(r.terms.q) / r.terms.n as f64,
+                noise_variance: r.noise_variance,
+                weight: r.weight,
+            });
+        }
+    }
+    voters
+        .sort_by(|a, b| (&a.voter_id, &a.voter_prompt_id).cmp(&(&b.voter_id, &b.voter_prompt_id)));
+    ReputationOut { rubrics, voters }
+}
+
+/// A sink that keeps nothing: only the tables matter here.
+struct Discard;
+
+impl Sink for Discard {
+    fn updates(&mut self, updates: &mut Vec<ScoreUpdate>) -> std::io::Result<()> {
+        updates.clear();
+        Ok(())
+    }
+
+    fn rejected(&mut self, _: &Rejection, _: &[u8], _: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Replays `input`, seals every epoch at its end and returns the report,
+/// with progress on stderr.
+pub fn report_file(
+    cfg: &Config,
+    input: &Path,
+) -> Result<(ReputationOut, ReplaySummary), ReplayError> {
+    let run_cfg = match cfg.reputation.mode {
+        Mode::Off => cfg.with_reputation_mode(Mode::Shadow),
+        _ => cfg.clone(),
+    };
+    let file = open_input(input)?;
+    let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let decode = cfg.decode_options();
+    let mut progress = Progress::new("reputation", total_bytes);
+    let (summary, out) = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
+        let decode = &decode;
+        let reader = spawn_reader(scope, BufReader::with_capacity(1 << 20, file), decode, tx)?;
+        let mut votes = 0u64;
+        let chunks = rx.into_iter().inspect(|c| {
+            if let Ok(c) = c {
+                votes += c.decoded.iter().filter(|d| d.is_ok()).count() as u64;
+                progress.update(c.lines.last().map_or(0, |l| l.2), c.bytes, votes);
+            }
+        });
+        let result = run_detached_then(&run_cfg, cfg.cache_bytes(), chunks, &mut Discard, |e| {
+            e.seal_all();
+            report(cfg, e.tables())
+        });
+        join_thread(INPUT_READER, reader)?;
+        result
+    })
+    .map_err(|e| e.at_input(input))?;
+    progress.finish();
+    Ok((out, summary))
+}
+
+/// The report for a terminal: the rubrics, then per rubric its reviewers
+/// from the lowest weight up.
+pub fn table(r: &ReputationOut) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<24} {:>12} {:>18} {:>14}",
+        "voter_prompt_id", "rated_votes", "mean_sq_deviation", "noise_variance"
+    );
+    for row in &r.rubrics {
+        let _ = writeln!(
+            s,
+            "{:<24} {:>12} {:>18.6} {:>14.6}",
+            row.voter_prompt_id, row.rated_votes, row.mean_sq_deviation, row.noise_variance
+        );
+    }
+    for rubric in &r.rubrics {
+        let mut rows: Vec<&VoterRow> = r
+            .voters
+            .iter()
+            .filter(|v| v.voter_prompt_id == rubric.voter_prompt_id)
+            .collect();
+        rows.sort_by(|a, b| a.weight.total_cmp(&b.weight));
+        let _ = writeln!(s, "\n{} (lowest weight first)", rubric.voter_prompt_id);
+        let _ = writeln!(
+            s,
+            "  {:<24} {:>8} {:>12} {:>18} {:>14}",
+            "voter_id", "weight", "rated_votes", "mean_sq_deviation", "noise_variance"
+        );
+        for v in rows {
+            let _ = writeln!(
+                s,
+                "  {:<24} {:>8.4} {:>12} {:>18.6} {:>14.6}",
+                v.voter_id, v.weight, v.rated_votes, v.mean_sq_deviation, v.noise_variance
+            );
+        }
+    }
+    s
+}
