@@ -38,7 +38,9 @@ impl Engine {
         keys.into_iter().map(|k| k.seq).collect()
     }
 
-    /// Closes the open batch `seq` (nothing if it is closed already).
+    /// Closes the open batch `seq` (nothing if it is closed already): scores
+    /// it, or in `learned` mode keeps it pending at the barrier (SPEC §14)
+    /// while its table is not final or an earlier batch waits.
     pub(super) fn close_batch(&mut self, seq: u64, out: &mut Vec<ScoreUpdate>) {
         let Some(OpenBatch { key, batch }) = self.batches.remove(&seq) else {
             return;
@@ -46,6 +48,26 @@ impl Engine {
         if batch.stored {
             self.deleted_batches.push(key.clone());
         }
+        if self.cfg.reputation.learned() {
+            self.score_ready(out);
+            if self.must_wait(&key) {
+                self.pend(key, batch);
+                return;
+            }
+        }
+        self.score_closed(key, batch, None, out);
+    }
+
+    /// Scores a closed batch: its series' update, with the model id it had
+    /// when it closed (`model_at_close`, a batch that waited) or has now.
+    pub(super) fn score_closed(
+        &mut self,
+        key: BatchKey,
+        batch: Batch,
+        model_at_close: Option<Option<Id>>,
+        out: &mut Vec<ScoreUpdate>,
+    ) {
+        let seq = key.seq;
         let accepted = batch.entries.len() as u64;
         let superseded = batch.entries.iter().filter(|e| !e.live).count() as u32;
         let abstentions = batch
@@ -202,7 +224,7 @@ impl Engine {
         }
         out.push(ScoreUpdate {
             series: key.series,
-            model_id: state.model_id.clone(),
+            model_id: model_at_close.unwrap_or_else(|| state.model_id.clone()),
             update_seq: state.update_seq,
             score: new_score,
             previous_score: prev_score,

@@ -15,7 +15,113 @@ pub(super) struct OpenSlot {
     stored: bool,
 }
 
+/// `run`'s view of the group (see `Engine::share_tables`): the newest
+/// epoch every input partition has sealed, once known.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Shared {
+    group_sealed: Option<Epoch>,
+}
+
+/// A batch waiting at the barrier, and whether the store holds it.
+#[derive(Debug, Clone)]
+pub(super) struct PendingSlot {
+    pending: Pending,
+    stored: bool,
+}
+
 impl Engine {
+    /// `run` (SPEC §14): the tables become the group's, fed by the shell
+    /// with every partition's sealed deltas (this one's included, as read
+    /// back from the topic: its own seals no longer enter them directly),
+    /// and in `learned` mode a batch of epoch k waits until
+    /// [`Engine::set_group_sealed`] says every partition sealed k − 2.
+    pub fn share_tables(&mut self) {
+        self.shared = Some(Shared::default());
+        self.tables = Tables::default();
+    }
+
+    /// Adds a sealed delta of any partition to the tables (`run`).
+    pub fn add_delta(&mut self, rubric: &Id, epoch: Epoch, voter: &Id, t: &Terms) {
+        self.tables.add(rubric, epoch, voter, t);
+    }
+
+    /// The newest epoch every input partition has sealed (`run`); then
+    /// scores the batches that no longer wait, into `out`.
+    pub fn set_group_sealed(&mut self, epoch: Option<Epoch>, out: &mut Vec<ScoreUpdate>) {
+        if let Some(s) = &mut self.shared {
+            s.group_sealed = epoch;
+        }
+        self.score_ready(out);
+    }
+
+    /// Whether a batch of epoch `k` may be scored: T_k is final.
+    fn ready(&self, k: Epoch) -> bool {
+        match &self.shared {
+            None => true,
+            Some(s) => s.group_sealed.is_some_and(|g| g >= k - 2),
+        }
+    }
+
+    /// Whether the closed batch `key` must wait (an earlier one waits, or
+    /// its table is not final).
+    pub(super) fn must_wait(&self, key: &BatchKey) -> bool {
+        !self.pending.is_empty() || !self.ready(self.cfg.reputation.epoch_of(key.window_start))
+    }
+
+    /// Keeps a closed batch at the barrier, with its series' model id now.
+    pub(super) fn pend(&mut self, key: BatchKey, batch: Batch) {
+        let model_id = self
+            .series
+            .get(&key.series)
+            .and_then(|e| e.state.model_id.clone());
+        let order = self.next_pending;
+        self.next_pending += 1;
+        let pending = Pending {
+            key,
+            batch,
+            model_id,
+        };
+        let slot = PendingSlot {
+            pending,
+            stored: false,
+        };
+        self.pending.push_back((order, slot));
+        self.dirty_pending.push(order);
+    }
+
+    /// Scores the waiting batches whose tables are final, in close order.
+    pub fn score_ready(&mut self, out: &mut Vec<ScoreUpdate>) {
+        while let Some((_, front)) = self.pending.front() {
+            let k = self.cfg.reputation.epoch_of(front.pending.key.window_start);
+            if !self.ready(k) {
+                break;
+            }
+            let Some((order, slot)) = self.pending.pop_front() else {
+                break;
+            };
+            if slot.stored {
+                self.deleted_pending.push(order);
+            }
+            let Pending {
+                key,
+                batch,
+                model_id,
+            } = slot.pending;
+            self.score_closed(key, batch, Some(model_id), out);
+        }
+    }
+
+    /// The newest epoch this partition has sealed (its watermark's).
+    pub fn sealed_through(&self) -> Option<Epoch> {
+        let p = &self.cfg.reputation;
+        self.meta.watermark.map(|wm| p.sealed_by(wm))
+    }
+
+    /// Closed batches waiting at the barrier.
+    pub fn pending_batches(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Keeps `voter`'s vote as the series' value of its epoch if it is the
     /// latest (by timestamp; ties: this later arrival).
     pub(super) fn note_value(
@@ -69,7 +175,9 @@ impl Engine {
             }
             let terms = reputation::seal(slots.iter().map(|((s, v), o)| (s, v, &o.value)));
             for ((rubric, voter), t) in terms {
-                self.tables.add(&rubric, epoch, &voter, &t);
+                if self.shared.is_none() {
+                    self.tables.add(&rubric, epoch, &voter, &t);
+                }
                 self.sealed.push(((rubric, epoch, voter), t));
             }
         }
@@ -82,11 +190,16 @@ impl Engine {
     /// apart: such a batch's window ends after `wm`, so its epoch k is at
     /// least that of wm − W (of wm when W = 0), and T_k holds every epoch
     /// up to k − 2.
+    /// A batch waiting at the barrier may be older still.
     fn fold_before(&mut self, wm: Nanos) {
-        let oldest = self
-            .cfg
-            .reputation
-            .epoch_of(wm.saturating_sub(self.cfg.window_ns));
+        let p = &self.cfg.reputation;
+        let waiting = self
+            .pending
+            .iter()
+            .map(|(_, s)| p.epoch_of(s.pending.key.window_start))
+            .min();
+        let open = p.epoch_of(wm.saturating_sub(self.cfg.window_ns));
+        let oldest = waiting.map_or(open, |w| w.min(open));
         self.tables.fold_through(oldest - 2);
     }
 
@@ -117,13 +230,47 @@ impl Engine {
         self.open_values.values().map(|s| s.len()).sum()
     }
 
-    /// Adds what a store holds: the open values and the sealed deltas
-    /// (nothing is marked dirty).
+    /// Adds what a store holds: the open values, the sealed deltas and the
+    /// batches waiting at the barrier, whose series [`Engine::restore`] was
+    /// given (nothing is marked dirty).
     pub fn restore_reputation(
         &mut self,
         values: impl IntoIterator<Item = (OpenKey, OpenValue)>,
         deltas: impl IntoIterator<Item = (TermsKey, Terms)>,
+        pending: impl IntoIterator<Item = (u64, Pending)>,
     ) {
+        let mut pending: Vec<(u64, Pending)> = pending.into_iter().collect();
+        pending.sort_unstable_by_key(|(order, _)| *order);
+        let waiting: FxHashMap<u64, usize> = pending
+            .iter()
+            .map(|(_, p)| (p.key.seq, p.batch.entries.len()))
+            .collect();
+        for (order, p) in pending {
+            self.next_pending = order + 1;
+            if let Some(e) = self.series.get_mut(&p.key.series) {
+                if !e.open.contains(&p.key.seq) {
+                    e.open.push(p.key.seq);
+                }
+                // Votes of open and waiting batches (SPEC §9 pending_votes).
+                let batches = &self.batches;
+                e.state.pending = e
+                    .open
+                    .iter()
+                    .map(|seq| {
+                        batches
+                            .get(seq)
+                            .map(|b| b.batch.entries.len())
+                            .or_else(|| waiting.get(seq).copied())
+                            .unwrap_or(0) as u64
+                    })
+                    .sum();
+            }
+            let slot = PendingSlot {
+                pending: p,
+                stored: true,
+            };
+            self.pending.push_back((order, slot));
+        }
         for ((epoch, series, voter), value) in values {
             let slot = OpenSlot {
                 value,
@@ -165,6 +312,16 @@ impl Engine {
         }
         for (key, t) in self.sealed.drain(..) {
             sink(Change::Terms(&key, &t));
+        }
+        for order in self.dirty_pending.drain(..) {
+            // Scored since (then never stored): nothing to write.
+            if let Some((_, slot)) = self.pending.iter_mut().find(|(o, _)| *o == order) {
+                slot.stored = true;
+                sink(Change::Pending(order, Some(&slot.pending)));
+            }
+        }
+        for order in self.deleted_pending.drain(..) {
+            sink(Change::Pending(order, None));
         }
     }
 }

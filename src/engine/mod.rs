@@ -21,7 +21,7 @@ mod learn;
 mod persisted;
 pub mod reputation;
 
-pub use persisted::{Batch, BatchKey, Entry, Meta, SeriesKey, SeriesState};
+pub use persisted::{Batch, BatchKey, Entry, Meta, Pending, SeriesKey, SeriesState};
 
 use crate::input::Id;
 use std::collections::{BTreeMap, HashMap};
@@ -33,7 +33,7 @@ use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
 use agreement::{ReviewerKey, ReviewerStats, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
 use cache::{IdKey, IdentityEntry, SeriesEntry};
-use learn::OpenSlot;
+use learn::{OpenSlot, PendingSlot, Shared};
 use reputation::{Epoch, OpenKey, OpenValue, ReputationParams, Tables, Terms, TermsKey};
 use score::{Aggregator, TimeUnit};
 
@@ -232,6 +232,9 @@ pub enum Change<'a> {
     OpenValue(&'a OpenKey, Option<&'a OpenValue>),
     /// A sealed delta of this partition (SPEC §14), written once.
     Terms(&'a TermsKey, &'a Terms),
+    /// A closed batch waiting at the barrier, by its place in the close
+    /// order (SPEC §14; `None`: it was scored).
+    Pending(u64, Option<&'a Pending>),
 }
 
 /// An open batch with its key.
@@ -323,6 +326,16 @@ pub struct Engine {
     sealed: Vec<(TermsKey, Terms)>,
     /// The tables the partition's batches are scored with.
     tables: Tables,
+    /// Closed batches waiting at the barrier, in close order (`learned`).
+    pending: std::collections::VecDeque<(u64, PendingSlot)>,
+    /// The next pending batch's place in the close order.
+    next_pending: u64,
+    dirty_pending: Vec<u64>,
+    deleted_pending: Vec<u64>,
+    /// `run`: the tables are every partition's, fed by the shell, and a
+    /// batch of epoch k waits until the group has sealed k − 2 (None: not
+    /// known yet). A replay (`None` here) is one partition and never waits.
+    shared: Option<Shared>,
     /// Approximate bytes of the cached series and identities.
     cache_bytes: usize,
     /// Use counter for least-recently-used eviction.
@@ -377,6 +390,11 @@ impl Engine {
             deleted_open: Vec::new(),
             sealed: Vec::new(),
             tables: Tables::default(),
+            pending: Default::default(),
+            next_pending: 0,
+            dirty_pending: Vec::new(),
+            deleted_pending: Vec::new(),
+            shared: None,
             cache_bytes: 0,
             tick: 0,
             identity_cut: 0,

@@ -110,6 +110,15 @@ impl Batch {
     }
 }
 
+/// A closed batch waiting at `learned` mode's barrier (SPEC §14), with
+/// the model id its series had when it closed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pending {
+    pub key: BatchKey,
+    pub batch: Batch,
+    pub model_id: Option<Id>,
+}
+
 impl Meta {
     /// The next batch seq (the partition's opening order).
     pub(super) fn take_batch_seq(&mut self) -> u64 {

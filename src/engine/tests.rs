@@ -256,7 +256,7 @@ fn an_identity_accepted_again_reports_the_vote_time_it_replaces() {
 /// A model of the state store: the records the engine's changes make.
 #[derive(Default)]
 pub(super) struct Model {
-    meta: Meta,
+    pub(super) meta: Meta,
     series: HashMap<SeriesKey, SeriesState>,
     batches: BTreeMap<BatchKey, Batch>,
     dedupe: HashMap<u128, Nanos>,
@@ -266,6 +266,7 @@ pub(super) struct Model {
     reviewers: BTreeMap<(String, String), agreement::ReviewerStats>,
     pub(super) open: BTreeMap<reputation::OpenKey, reputation::OpenValue>,
     pub(super) terms: BTreeMap<reputation::TermsKey, reputation::Terms>,
+    pub(super) pending: BTreeMap<u64, Pending>,
 }
 
 impl Model {
@@ -342,6 +343,12 @@ impl Model {
                     "{k:?} sealed twice"
                 );
             }
+            Change::Pending(order, Some(p)) => {
+                self.pending.insert(order, p.clone());
+            }
+            Change::Pending(order, None) => {
+                assert!(self.pending.remove(&order).is_some(), "{order} not stored");
+            }
         });
     }
 
@@ -353,12 +360,14 @@ impl Model {
         let series: Vec<_> = self
             .batches
             .keys()
+            .chain(self.pending.values().map(|p| &p.key))
             .map(|k| (k.series.clone(), self.series[&k.series].clone()))
             .collect();
         let mut e = Engine::restore(cfg, self.meta, series, self.batches.clone(), false);
         e.restore_reputation(
             self.open.iter().map(|(k, v)| (k.clone(), *v)),
             self.terms.iter().map(|(k, t)| (k.clone(), *t)),
+            self.pending.iter().map(|(o, p)| (*o, p.clone())),
         );
         e.restore_board(self.board.clone());
         e.restore_agreement(

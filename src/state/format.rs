@@ -24,8 +24,8 @@
 //! and reviewers, `last_mean_vote` and companion scores, 6 the evidence and
 //! the leaderboard's squares (all untagged, [`super::legacy`]); 7 the
 //! format byte on every value, same layouts as 6; 8 SPEC §14's open values
-//! (`e`) and sealed deltas (`u`), the layouts of 7 unchanged (a format-7
-//! value is read as it is).
+//! (`e`), sealed deltas (`u`) and batches waiting at the barrier (`x`), the
+//! layouts of 7 unchanged (a format-7 value is read as it is).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
@@ -35,7 +35,7 @@ use crate::engine::agreement::{ReviewerStats, RubricSums};
 use crate::engine::board::{BoardKey, BoardRow};
 use crate::engine::reputation::{Epoch, OpenKey, OpenValue, Terms, TermsKey};
 use crate::engine::score::Evidence;
-use crate::engine::{Batch, BatchKey, Entry, Meta, SeriesKey, SeriesState};
+use crate::engine::{Batch, BatchKey, Entry, Meta, Pending, SeriesKey, SeriesState};
 use crate::input::Id;
 use crate::time::Nanos;
 
@@ -245,7 +245,16 @@ struct EntryIn {
 }
 
 pub fn encode_batch(b: &Batch) -> Vec<u8> {
-    let entries = each(&b.entries, |e| EntryOut {
+    encode(&(entries_out(b), b.counted))
+}
+
+pub fn decode_batch(v: &[u8]) -> Result<Batch, FormatError> {
+    let (entries, counted): (Vec<EntryIn>, u32) = decode(v)?;
+    Ok(Batch::stored(entries_in(entries), counted))
+}
+
+fn entries_out(b: &Batch) -> impl Serialize + '_ {
+    each(&b.entries, |e| EntryOut {
         voter_id: &e.voter_id,
         vote_id: &e.vote_id,
         value: e.value,
@@ -253,13 +262,45 @@ pub fn encode_batch(b: &Batch) -> Vec<u8> {
         timestamp: e.timestamp,
         inference_time: e.inference_time,
         live: e.live,
-    });
-    encode(&(entries, b.counted))
+    })
 }
 
-pub fn decode_batch(v: &[u8]) -> Result<Batch, FormatError> {
-    let (entries, counted): (Vec<EntryIn>, u32) = decode(v)?;
-    let entries = entries
+/// A batch waiting at the barrier (SPEC §14): its key's fields, its
+/// entries and counted votes, its series' model id when it closed.
+pub fn encode_pending(p: &Pending) -> Vec<u8> {
+    let k = &p.key;
+    encode(&(
+        k.window_start,
+        &*k.series.inference_id,
+        &*k.series.voter_prompt_id,
+        k.seq,
+        entries_out(&p.batch),
+        p.batch.counted,
+        p.model_id.as_deref(),
+    ))
+}
+
+type PendingL = (Nanos, Id, Id, u64, Vec<EntryIn>, u32, Option<Id>);
+
+pub fn decode_pending(v: &[u8]) -> Result<Pending, FormatError> {
+    let (window_start, inference_id, voter_prompt_id, seq, entries, counted, model_id): PendingL =
+        decode(v)?;
+    Ok(Pending {
+        key: BatchKey {
+            window_start,
+            series: SeriesKey {
+                inference_id,
+                voter_prompt_id,
+            },
+            seq,
+        },
+        batch: Batch::stored(entries_in(entries), counted),
+        model_id,
+    })
+}
+
+fn entries_in(entries: Vec<EntryIn>) -> Vec<Entry> {
+    entries
         .into_iter()
         .map(|e| Entry {
             voter_id: e.voter_id,
@@ -270,8 +311,7 @@ pub fn decode_batch(v: &[u8]) -> Result<Batch, FormatError> {
             inference_time: e.inference_time,
             live: e.live,
         })
-        .collect();
-    Ok(Batch::stored(entries, counted))
+        .collect()
 }
 
 /// `Meta`: (watermark, next batch seq, an unused time kept for the layout).

@@ -175,6 +175,7 @@ pub(super) fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
             [&b"u"[..], &format::terms_key(k)].concat(),
             Some(format::encode_terms(t)),
         ),
+        Change::Pending(order, p) => (pending_key(order), p.map(format::encode_pending)),
     };
     out.push(record);
 }
@@ -193,6 +194,11 @@ pub(super) fn reviewer_key(rubric: &str, voter_id: &str) -> Vec<u8> {
     let mut key = reviewer_prefix(rubric);
     key.extend_from_slice(voter_id.as_bytes());
     key
+}
+
+/// `x` key of a batch waiting at the barrier: its place in the close order.
+pub(super) fn pending_key(order: u64) -> Vec<u8> {
+    [&b"x"[..], &order.to_be_bytes()].concat()
 }
 
 pub(super) fn position_key(name: &str) -> Vec<u8> {

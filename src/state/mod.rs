@@ -25,6 +25,7 @@
 //! - `l` postcard(`BoardKey`)   → `BoardRow`: the partition's leaderboard (`board.rs`)
 //! - `e` postcard(epoch, inf, vp, voter) → SPEC §14 open value (vote time, value)
 //! - `u` postcard(vp, epoch, voter) → SPEC §14 sealed delta of this partition (n, q, h)
+//! - `x` close order (u64 BE)    → SPEC §14 closed batch waiting at the barrier
 //! - `p` name                    → shell positions (input offset, changelog offset)
 //! - `c`, `o`…                   → the service's cycle marker and outbox
 //!   (`crate::service::changelog`); stored here, never interpreted here
@@ -637,6 +638,27 @@ impl Store {
             }
             batches.push((key, b));
         }
+        let mut waiting = Vec::new();
+        for item in self.prefix(b"x") {
+            let (k, v) = item?;
+            let order = k
+                .get(1..9)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| self.corrupt(&k, "a pending batch key is not 9 bytes"))?;
+            let p = self.decoded(&k, &v, format::decode_pending)?;
+            if !series.iter().any(|(s, _)| *s == p.key.series) {
+                let sk = series_key_bytes(&p.key.series);
+                let state = self
+                    .get(&sk)?
+                    .ok_or_else(|| self.corrupt(&sk, "a pending batch's series is missing"))?;
+                series.push((
+                    p.key.series.clone(),
+                    self.decoded(&sk, &state, format::decode_series)?,
+                ));
+            }
+            waiting.push((order, p));
+        }
         let empty = self.prefix(b"s").next().is_none() && self.prefix(b"d").next().is_none();
         let stats = RestoreStats {
             series: series.len() as u64,
@@ -649,7 +671,7 @@ impl Store {
         };
         let (values, deltas) = self.reputation()?;
         let mut engine = Engine::restore(cfg, meta, series, batches, empty);
-        engine.restore_reputation(values, deltas);
+        engine.restore_reputation(values, deltas, waiting);
         engine.restore_board(board);
         engine.restore_agreement(
             agreement

@@ -121,6 +121,10 @@ proptest! {
         let mut votes = votes_of(&g);
         votes.sort_by_key(|v| v.timestamp);
         let (_, one) = whole(Mode::Shadow, &votes);
+        let rp = cfg_in(Mode::Shadow).reputation;
+        // A partition's last epochs stay open (the end of input does not
+        // seal): compare the epochs every run sealed.
+        let mut upto = one.meta.watermark.map_or(Epoch::MIN, |wm| rp.sealed_by(wm));
         let mut sums: BTreeMap<TermsKey, Terms> = BTreeMap::new();
         for p in 0..parts {
             let mine: Vec<Vote> = votes
@@ -129,6 +133,7 @@ proptest! {
                 .cloned()
                 .collect();
             let (_, m) = whole(Mode::Shadow, &mine);
+            upto = upto.min(m.meta.watermark.map_or(Epoch::MIN, |wm| rp.sealed_by(wm)));
             for (k, t) in m.terms.iter().rev() {
                 sums.entry(k.clone()).or_default().add(t);
             }
@@ -137,13 +142,10 @@ proptest! {
         for (k, t) in &one.terms {
             one_sums.entry(k.clone()).or_default().add(t);
         }
-        // A partition's last epochs stay open (the end of input does not
-        // seal): compare the epochs every run sealed.
-        let sealed = |m: &BTreeMap<TermsKey, Terms>, upto: Epoch| -> Vec<(TermsKey, Terms)> {
+        let sealed = |m: &BTreeMap<TermsKey, Terms>| -> Vec<(TermsKey, Terms)> {
             m.iter().filter(|(k, _)| k.1 <= upto).map(|(k, t)| (k.clone(), *t)).collect()
         };
-        let upto = one.open.keys().map(|k| k.0).min().unwrap_or(Epoch::MAX) - 3;
-        prop_assert_eq!(sealed(&sums, upto), sealed(&one_sums, upto));
+        prop_assert_eq!(sealed(&sums), sealed(&one_sums));
     }
 }
 
@@ -167,5 +169,182 @@ fn learned_without_tables_scores_as_off() {
             ..learned[0].clone()
         },
         off[0]
+    );
+}
+
+/// Each partition's votes, split by item (a series lives in one partition).
+fn split(votes: &[Vote], parts: usize) -> Vec<Vec<Vote>> {
+    let mut out = vec![Vec::new(); parts];
+    for v in votes {
+        out[v.inference_id.as_bytes()[1] as usize % parts].push(v.clone());
+    }
+    out
+}
+
+/// What `replay --partition-files` gives (SPEC §14 "Determinism"): each
+/// partition replayed alone, with tables over every partition's sealed
+/// deltas and nothing waiting.
+fn oracle(parts: &[Vec<Vote>]) -> Vec<Vec<ScoreUpdate>> {
+    let deltas: Vec<(TermsKey, Terms)> = parts
+        .iter()
+        .flat_map(|p| terms(&whole(Mode::Shadow, p).1))
+        .collect();
+    parts
+        .iter()
+        .map(|votes| {
+            let mut e = Engine::new(cfg_in(Mode::Learned));
+            e.share_tables();
+            for ((rubric, epoch, voter), t) in &deltas {
+                e.add_delta(rubric, *epoch, voter, t);
+            }
+            let mut out = Vec::new();
+            e.set_group_sealed(Some(Epoch::MAX), &mut out);
+            for v in votes {
+                e.process(v, &mut out);
+            }
+            e.close_all(&mut out);
+            out
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// `run`: partitions whose votes arrive in any interleaving, each
+    /// one's sealed deltas reaching every partition's tables as it seals
+    /// them, a batch waiting until every partition has sealed its epoch
+    /// − 2, restarts from the stored state now and then: each partition
+    /// emits what the oracle gives it, and what waits is stored.
+    #[test]
+    fn shared_tables_give_each_partition_its_replay(
+        g in gen(),
+        parts in 2usize..4,
+        turns in prop::collection::vec(any::<u8>(), 400),
+        restart in 0usize..9,
+    ) {
+        let votes = votes_of(&g);
+        let logs = split(&votes, parts);
+        let want = oracle(&logs);
+        let start = |m: &Model, published: &[(TermsKey, Terms)]| {
+            let mut e = m.restore_with(cfg_in(Mode::Learned));
+            e.share_tables();
+            for ((rubric, epoch, voter), t) in published {
+                e.add_delta(rubric, *epoch, voter, t);
+            }
+            e
+        };
+        let mut models: Vec<Model> = (0..parts).map(|_| Model::default()).collect();
+        let mut engines: Vec<Engine> = models.iter().map(|m| start(m, &[])).collect();
+        let mut got: Vec<Vec<ScoreUpdate>> = vec![Vec::new(); parts];
+        let mut next = vec![0usize; parts];
+        let mut published: Vec<(TermsKey, Terms)> = Vec::new();
+        for (turn, pick) in turns.iter().enumerate() {
+            let left: Vec<usize> = (0..parts).filter(|&p| next[p] < logs[p].len()).collect();
+            let Some(&p) = left.get(usize::from(*pick) % left.len().max(1)) else {
+                break;
+            };
+            let v = &logs[p][next[p]];
+            next[p] += 1;
+            models[p].load(&mut engines[p], v);
+            engines[p].process(v, &mut got[p]);
+            let before: Vec<TermsKey> = models[p].terms.keys().cloned().collect();
+            models[p].persist(&mut engines[p]);
+            for (k, t) in &models[p].terms {
+                if !before.contains(k) {
+                    published.push((k.clone(), *t));
+                    for e in engines.iter_mut() {
+                        e.add_delta(&k.0, k.1, &k.2, t);
+                    }
+                }
+            }
+            let group = engines
+                .iter()
+                .map(|e| e.sealed_through())
+                .min()
+                .flatten();
+            for (q, e) in engines.iter_mut().enumerate() {
+                e.set_group_sealed(group, &mut got[q]);
+                models[q].persist(e);
+            }
+            if restart > 0 && turn % restart == 0 {
+                engines[p] = start(&models[p], &published);
+                engines[p].set_group_sealed(group, &mut got[p]);
+            }
+        }
+        for (p, e) in engines.iter_mut().enumerate() {
+            for v in &logs[p][next[p]..] {
+                models[p].load(e, v);
+                e.process(v, &mut got[p]);
+            }
+            e.set_group_sealed(Some(Epoch::MAX), &mut got[p]);
+            e.close_all(&mut got[p]);
+            models[p].persist(e);
+            prop_assert!(models[p].pending.is_empty());
+        }
+        for p in 0..parts {
+            prop_assert_eq!(&got[p], &want[p], "partition {}", p);
+        }
+    }
+}
+
+/// A batch waits while another partition has not sealed its epoch − 2,
+/// is stored while it waits, survives a restart, and is scored with the
+/// final table once the group has sealed.
+#[test]
+fn a_batch_waits_for_the_group_and_survives_a_restart() {
+    let at = |s: i128, item: &str, voter: &str, v: f64| Vote {
+        timestamp: 1_700_000_400 * NANOS_PER_SEC + s * NANOS_PER_SEC,
+        value: Some(v),
+        ..super::super::tests::vote(item, voter, None, "2024-01-01T00:00:00Z")
+    };
+    // Epoch 0 (two minutes from 1_700_000_400): a unit; epoch 2: a batch,
+    // closed by a later vote.
+    let votes = vec![
+        at(1, "i0", "a", 1.0),
+        at(2, "i0", "b", 1.0),
+        at(3, "i0", "c", 0.0),
+        at(250, "i1", "c", 0.0),
+        at(300, "i2", "a", 1.0),
+    ];
+    let want = oracle(&[votes.clone(), Vec::new()]);
+    let mut m = Model::default();
+    let mut e = Engine::new(cfg_in(Mode::Learned));
+    e.share_tables();
+    let mut got = Vec::new();
+    for v in &votes {
+        e.process(v, &mut got);
+        m.persist(&mut e);
+        for (k, t) in &m.terms {
+            e.add_delta(&k.0, k.1, &k.2, t);
+        }
+        // The other partition has sealed nothing.
+        e.set_group_sealed(None, &mut got);
+    }
+    assert_eq!(e.pending_batches(), 2, "i0's batch and i1's wait");
+    assert!(got.is_empty());
+    m.persist(&mut e);
+    assert_eq!(m.pending.len(), 2);
+    let mut e = m.restore_with(cfg_in(Mode::Learned));
+    e.share_tables();
+    for (k, t) in &m.terms {
+        e.add_delta(&k.0, k.1, &k.2, t);
+    }
+    assert_eq!(e.pending_batches(), 2);
+    // The other partition seals epoch 0: i1's batch (epoch 2) may go.
+    let p = cfg_in(Mode::Learned).reputation;
+    e.set_group_sealed(Some(p.epoch_of(votes[0].timestamp)), &mut got);
+    assert_eq!(e.pending_batches(), 0);
+    e.set_group_sealed(Some(Epoch::MAX), &mut got);
+    e.close_all(&mut got);
+    m.persist(&mut e);
+    assert!(m.pending.is_empty());
+    assert_eq!(got, want[0]);
+    let c = &got[1];
+    assert_eq!(c.series.inference_id, "i1");
+    assert!(
+        c.learned.as_ref().unwrap().weights[0] < 1.0,
+        "{:?}",
+        c.learned
     );
 }
