@@ -38,11 +38,12 @@ use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::engine::agreement::VoterRow;
 use crate::error::{Chain, Classify, Fault, RetryHint};
 
 use super::{
     malformed_escape, merge_board, merge_inference, merge_rubrics, merge_voters, percent_encode,
-    Holdings, LocalAnswer, Unavailable, VoterOrder,
+    GroupWeights, Holdings, LocalAnswer, Unavailable, VoterOrder,
 };
 
 /// Longest id (SPEC §1).
@@ -552,6 +553,7 @@ async fn voter(
 ) -> Response {
     let read = id.clone();
     let path = format!("/v1/local/voters/{}", percent_encode(&id));
+    let weights = api.holdings.reputation();
     fan_out(&api, move |h| h.voter(&read), path, move |answers| {
         let out = merge_voters(answers, VoterOrder::VoterId, usize::MAX)?;
         Ok(if out.voters.is_empty() {
@@ -560,10 +562,40 @@ async fn voter(
                 format!("no rated votes of voter {id:?} (a vote counts once its batch closes with another vote)"),
             )
         } else {
-            Json(out).into_response()
+            Json(WeightedVoters::of(out.voters, weights.as_deref())).into_response()
         })
     })
     .await
+}
+
+/// `GET /v1/voters/{voter_id}`'s answer: SPEC §11's rows with §14's
+/// learned weight (null without tables: mode `off`, or before every
+/// partition has sealed an epoch).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightedVoters {
+    pub voters: Vec<WeightedVoter>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WeightedVoter {
+    #[serde(flatten)]
+    pub row: VoterRow,
+    pub weight: Option<f64>,
+    pub table_until: Option<String>,
+}
+
+impl WeightedVoters {
+    fn of(rows: Vec<VoterRow>, weights: Option<&GroupWeights>) -> WeightedVoters {
+        let voters = rows
+            .into_iter()
+            .map(|row| WeightedVoter {
+                weight: weights.map(|w| w.weight(&row.voter_prompt_id, &row.voter_id)),
+                table_until: weights.map(|w| crate::time::format_timestamp(w.table_until)),
+                row,
+            })
+            .collect();
+        WeightedVoters { voters }
+    }
 }
 
 async fn voters(

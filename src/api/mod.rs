@@ -14,7 +14,7 @@
 
 pub mod http;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -44,6 +44,23 @@ pub struct Holdings {
     /// `scoring.initial_score`: the part of a score its interval does not
     /// cover (SPEC §13).
     initial_score: f64,
+    /// SPEC §14: the group's newest tables (None in mode `off`, and until
+    /// every partition has sealed an epoch).
+    reputation: RwLock<Option<Arc<GroupWeights>>>,
+}
+
+/// The group's newest tables, T_{k*+2} per rubric, and (k* + 1)·E.
+#[derive(Debug)]
+pub struct GroupWeights {
+    pub table_until: crate::time::Nanos,
+    pub tables: HashMap<String, Arc<crate::engine::reputation::Table>>,
+}
+
+impl GroupWeights {
+    /// ω of `voter` for `rubric`: 1 when the table does not hold them.
+    pub fn weight(&self, rubric: &str, voter: &str) -> f64 {
+        self.tables.get(rubric).map_or(1.0, |t| t.weight(voter))
+    }
 }
 
 impl Holdings {
@@ -54,7 +71,19 @@ impl Holdings {
                 held: BTreeMap::new(),
             }),
             initial_score,
+            reputation: RwLock::new(None),
         }
+    }
+
+    pub fn set_reputation(&self, w: Option<GroupWeights>) {
+        *self.reputation.write().unwrap_or_else(|e| e.into_inner()) = w.map(Arc::new);
+    }
+
+    pub fn reputation(&self) -> Option<Arc<GroupWeights>> {
+        self.reputation
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

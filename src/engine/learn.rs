@@ -17,9 +17,13 @@ pub(super) struct OpenSlot {
 
 /// `run`'s view of the group (see `Engine::share_tables`): the newest
 /// epoch every input partition has sealed, once known.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub(super) struct Shared {
     group_sealed: Option<Epoch>,
+    /// Deltas sealed here since the shell last took them, to publish.
+    to_publish: Vec<(TermsKey, Terms)>,
+    /// The sealed epoch the shell last took.
+    published_through: Option<Epoch>,
 }
 
 /// A batch waiting at the barrier, and whether the store holds it.
@@ -111,6 +115,21 @@ impl Engine {
         }
     }
 
+    /// `run`: the deltas this partition sealed since the last call, and
+    /// its newest sealed epoch when that moved (the first call after a
+    /// start says it again): what the reputation topic is given.
+    pub fn take_published(&mut self) -> (Vec<(TermsKey, Terms)>, Option<Epoch>) {
+        let through = self.sealed_through();
+        let Some(s) = &mut self.shared else {
+            return (Vec::new(), None);
+        };
+        let moved = through.filter(|t| s.published_through != Some(*t));
+        if moved.is_some() {
+            s.published_through = moved;
+        }
+        (std::mem::take(&mut s.to_publish), moved)
+    }
+
     /// The newest epoch this partition has sealed (its watermark's).
     pub fn sealed_through(&self) -> Option<Epoch> {
         let p = &self.cfg.reputation;
@@ -175,10 +194,12 @@ impl Engine {
             }
             let terms = reputation::seal(slots.iter().map(|((s, v), o)| (s, v, &o.value)));
             for ((rubric, voter), t) in terms {
-                if self.shared.is_none() {
-                    self.tables.add(&rubric, epoch, &voter, &t);
+                let key = (rubric, epoch, voter);
+                match &mut self.shared {
+                    None => self.tables.add(&key.0, epoch, &key.2, &t),
+                    Some(s) => s.to_publish.push((key.clone(), t)),
                 }
-                self.sealed.push(((rubric, epoch, voter), t));
+                self.sealed.push((key, t));
             }
         }
         if let Some(before) = before {

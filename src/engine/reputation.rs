@@ -326,6 +326,29 @@ impl Tables {
         out
     }
 
+    /// Deltas that give the same tables from epoch `base_until + 2` on:
+    /// the base as one delta per rubric and reviewer at its last epoch,
+    /// the later epochs as they are (`run` hands them to a partition it
+    /// starts).
+    pub fn export(&self) -> Vec<(TermsKey, Terms)> {
+        let mut out = Vec::new();
+        if let Some(until) = self.base_until {
+            for (rubric, voters) in &self.base {
+                for (voter, t) in voters {
+                    out.push(((rubric.clone(), until, voter.clone()), *t));
+                }
+            }
+        }
+        for (epoch, rubrics) in &self.recent {
+            for (rubric, voters) in rubrics {
+                for (voter, t) in voters {
+                    out.push(((rubric.clone(), *epoch, voter.clone()), *t));
+                }
+            }
+        }
+        out
+    }
+
     /// Every rubric with a delta.
     pub fn rubrics(&self) -> Vec<Id> {
         let mut out: Vec<Id> = self.base.keys().cloned().collect();

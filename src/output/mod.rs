@@ -190,10 +190,13 @@ pub enum Route {
     Flags,
     /// `outputs.dlq_topic`: `vote_rejected`.
     Dlq,
+    /// `reputation.topic`: SPEC §14's sealed sums and seal records (modes
+    /// `shadow` and `learned`; not an event).
+    Reputation,
 }
 
 impl Route {
-    pub const ALL: [Route; 3] = [Route::Scores, Route::Flags, Route::Dlq];
+    pub const ALL: [Route; 4] = [Route::Scores, Route::Flags, Route::Dlq, Route::Reputation];
 
     /// Position in [`Route::ALL`] (for per-route tables).
     pub fn index(self) -> usize {
@@ -235,8 +238,8 @@ pub fn write_score_update_event(
     match route {
         Route::Scores => write_score_updated(out, u, processed_at),
         Route::Flags => write_ambiguity_flagged(out, u, processed_at),
-        // Not a route of a score update.
-        Route::Dlq => {}
+        // Not routes of a score update.
+        Route::Dlq | Route::Reputation => {}
     }
 }
 

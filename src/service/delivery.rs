@@ -131,6 +131,8 @@ impl<C: ConsumerContext> Steps for Live<'_, C> {
 /// the records that seal the cycle (outbox chunks, marker) to its
 /// changelog partition. Returns the partitions sealed.
 fn send_changelog(s: &mut Session) -> Result<Vec<Tp>> {
+    // SPEC §14: what the partitions sealed goes with their cycle.
+    s.publish_reputation()?;
     let acked = s.producer.context().acked();
     let mut sealed = Vec::new();
     for (tp, part) in s.parts.iter_mut() {

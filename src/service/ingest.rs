@@ -77,6 +77,19 @@ impl Session {
     /// One output event of partition `tp`'s open cycle: sent now, or held
     /// for the outbox.
     fn emit(&mut self, tp: &Tp, route: Route, key: Option<&[u8]>, payload: Vec<u8>) -> Result<()> {
+        self.emit_at(tp, route, key, payload, None)
+    }
+
+    /// [`Session::emit`] to output partition `partition`, or by its key's
+    /// hash when `None`.
+    pub(super) fn emit_at(
+        &mut self,
+        tp: &Tp,
+        route: Route,
+        key: Option<&[u8]>,
+        payload: Vec<u8>,
+        partition: Option<i32>,
+    ) -> Result<()> {
         let holds = holds_events(self.delivery);
         let n = self.outputs.partitions(route);
         let part = self.part_mut(tp)?;
@@ -84,7 +97,7 @@ impl Session {
         if holds {
             part.hold(OutEvent {
                 route,
-                partition: outbox_partition(key, n, tp.1),
+                partition: partition.unwrap_or_else(|| outbox_partition(key, n, tp.1)),
                 key: key.map(<[u8]>::to_vec),
                 payload,
             });
@@ -96,14 +109,14 @@ impl Session {
                     topic: self.outputs.topic(route),
                     key,
                     payload: Some(&payload),
-                    partition: None,
+                    partition,
                     header: Some((ORIGIN_HEADER, origin(tp, seq, idx).as_bytes())),
                 },
             )
         }
     }
 
-    fn emit_updates(&mut self, tp: &Tp, now: Nanos) -> Result<()> {
+    pub(super) fn emit_updates(&mut self, tp: &Tp, now: Nanos) -> Result<()> {
         let updates = std::mem::take(&mut self.updates);
         let processed_at = format_timestamp(now);
         let now_s = now as f64 / 1e9;

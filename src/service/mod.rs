@@ -24,6 +24,7 @@ mod ingest;
 mod part;
 mod rebalance;
 mod reconcile;
+mod reputation;
 mod restore;
 mod run;
 mod session;

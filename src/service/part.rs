@@ -19,6 +19,7 @@ use super::changelog::{
 };
 use super::client::Tp;
 use super::error::{Result, ServiceError};
+use crate::engine::reputation::{Epoch, Terms, TermsKey};
 use crate::engine::{vote_identity, Engine, Outcome, ScoreUpdate, Wants};
 use crate::input::Vote;
 use crate::output::Route;
@@ -138,6 +139,38 @@ impl Part {
         let outcome = self.engine.process_with_identity(vote, identity, updates);
         self.check()?;
         Ok(outcome)
+    }
+
+    /// SPEC §14: the tables become the group's, starting from `deltas`.
+    pub fn share_tables(&mut self, deltas: &[(TermsKey, Terms)]) {
+        self.engine.share_tables();
+        self.add_deltas(deltas);
+    }
+
+    /// Sealed deltas of the group, read from the reputation topic.
+    pub fn add_deltas(&mut self, deltas: &[(TermsKey, Terms)]) {
+        for ((rubric, epoch, voter), t) in deltas {
+            self.engine.add_delta(rubric, *epoch, voter, t);
+        }
+    }
+
+    /// The group's newest sealed epoch: scores the batches it releases.
+    pub fn set_group_sealed(
+        &mut self,
+        epoch: Option<Epoch>,
+        updates: &mut Vec<ScoreUpdate>,
+    ) -> std::result::Result<(), StoreError> {
+        self.engine.set_group_sealed(epoch, updates);
+        self.check()
+    }
+
+    pub fn pending_batches(&self) -> usize {
+        self.engine.pending_batches()
+    }
+
+    /// What this partition sealed since the last call, to publish.
+    pub fn take_published(&mut self) -> (Vec<(TermsKey, Terms)>, Option<Epoch>) {
+        self.engine.take_published()
     }
 
     /// Live mode's idle flush: moves the watermark to `to`.

@@ -163,6 +163,7 @@ fn adopt(s: &mut Session, restored: Vec<Restored>) -> Result<()> {
         if dirty || catch_up_offset {
             s.ensure_cycle()?;
         }
+        s.attach_reputation(&tp)?;
         if let Some(u) = undelivered {
             in_doubt.push((tp, u));
         }

@@ -105,6 +105,7 @@ pub fn undelivered(cfg: &Config, cycles: &[Cycle], cancel: &AtomicBool) -> Resul
         &cfg.outputs.scores_topic,
         &cfg.outputs.flags_topic,
         &cfg.outputs.dlq_topic,
+        &cfg.reputation.topic,
     ];
     let mut present = HashSet::new();
     for (route, partitions) in scan_plan(cycles) {

@@ -18,12 +18,14 @@ use super::delivery::{commit, hand_over};
 use super::error::{Classify, Result, ServiceError};
 use super::part::join_lingering;
 use super::rebalance::{drive_restore, not_restored, Consumer};
+use super::reputation::Reputation;
 use super::restore::local_partitions;
 use super::session::{Outputs, Session};
 use super::topics;
 use crate::api::http::Api;
 use crate::api::Holdings;
 use crate::config::{Config, Delivery};
+use crate::engine::reputation::Mode;
 use crate::error::Chain;
 use crate::kafka::client_config;
 use crate::output::Route;
@@ -46,7 +48,10 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
     let names = Names::with_instance(&cfg, Some(&state_dir.instance_id));
     tracing::info!(transactional_id = %names.transactional_id, state_dir = %cfg.state.dir,
         "instance identity");
-    let metrics = Metrics::new(cfg.metrics.max_label_values as usize);
+    let metrics = Metrics::with_reputation(
+        cfg.metrics.max_label_values as usize,
+        cfg.reputation.mode != Mode::Off,
+    );
     metrics.set_delivery_mode(cfg.kafka.delivery.as_str());
     let addr: std::net::SocketAddr = cfg
         .metrics
@@ -148,17 +153,21 @@ fn session(
 ) -> Result<()> {
     metrics.set_ready(false);
     let input_counts = topics::partition_counts(cfg, &cfg.kafka.input_topics)?;
-    holdings.set_topics(input_counts.into_iter().collect());
+    holdings.set_topics(input_counts.clone().into_iter().collect());
     let delivery = cfg.kafka.delivery;
     let transactional = super::cycle::transactional(delivery);
-    let topics: [String; 3] = [
+    let topics: [String; 4] = [
         cfg.outputs.scores_topic.clone(),
         cfg.outputs.flags_topic.clone(),
         cfg.outputs.dlq_topic.clone(),
+        cfg.reputation.topic.clone(),
     ];
     let counts = topics::partition_counts(cfg, &topics)?;
-    let mut partitions = [0i32; 3];
+    let mut partitions = [0i32; 4];
     for r in Route::ALL {
+        if r == Route::Reputation && cfg.reputation.mode == Mode::Off {
+            continue;
+        }
         let t = &topics[r.index()];
         partitions[r.index()] = *counts
             .get(t)
@@ -185,7 +194,7 @@ fn session(
             .map_err(|e| ServiceError::kafka_txn("init transactions", e))?;
         probe_transactions(cfg, &producer)?;
     }
-    let session = Session::new(
+    let mut session = Session::new(
         cfg,
         names,
         producer,
@@ -194,6 +203,14 @@ fn session(
         holdings,
         local_partitions(cfg),
     );
+    if cfg.reputation.mode != Mode::Off {
+        // Every input partition takes part in the barrier (SPEC §14).
+        let expected: Vec<Tp> = input_counts
+            .iter()
+            .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
+            .collect();
+        session.reputation = Some(Reputation::start(cfg, expected)?);
+    }
     let ctx = Ctx::new(session, metrics.clone());
     let consumer: Consumer = client_config(cfg)
         .set("group.id", &cfg.kafka.group_id)
@@ -258,6 +275,7 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         // this loop keeps polling (the member stays in the group) and
         // serving the partitions it has.
         drive_restore(s, consumer)?;
+        s.reputation_turn()?;
         let drained = msg.is_none();
         let restored = s.to_restore.is_empty() && s.restoring.is_none();
         if s.assigned_once && restored != s.metrics.is_ready() {

@@ -31,8 +31,8 @@ const CYCLE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Output topic names and partition counts, by [`Route`].
 pub struct Outputs {
-    pub topics: [String; 3],
-    pub partitions: [i32; 3],
+    pub topics: [String; 4],
+    pub partitions: [i32; 4],
 }
 
 impl Outputs {
@@ -84,6 +84,9 @@ pub struct Session {
     /// `exactly_once`: how long after a cycle opens its steps must have
     /// ended (its transaction's timeout less [`TRANSACTION_MARGIN_MS`]).
     txn_budget: Option<Duration>,
+    /// SPEC §14 (modes `shadow` and `learned`): the reputation topic's
+    /// reader and the group's view.
+    pub reputation: Option<super::reputation::Reputation>,
 }
 
 /// How long the next step of a cycle may take at `now`: until the revoke
@@ -168,6 +171,7 @@ impl Session {
                 let ms = cfg.transaction_timeout_ms() - TRANSACTION_MARGIN_MS;
                 Duration::from_millis(ms.max(1) as u64)
             }),
+            reputation: None,
         }
     }
 
@@ -338,6 +342,10 @@ impl Session {
             self.metrics
                 .observe_engine(&format!("{}-{}", tp.0, tp.1), part.engine());
         }
+        let (open, pending) = self.parts.values().fold((0, 0), |(o, p), part| {
+            (o + part.engine().open_values(), p + part.pending_batches())
+        });
+        self.metrics.reputation_gauges(open, pending);
         let rows = crate::engine::board::gauge_rows(
             self.parts.values().flat_map(|p| p.engine().board()),
             |k| {

@@ -88,7 +88,7 @@ pub fn ensure(cfg: &Config, names: &Names) -> Result<()> {
             }
         }
     }
-    let new: Vec<NewTopic<'_>> = new_cl
+    let mut new: Vec<NewTopic<'_>> = new_cl
         .iter()
         .map(|(t, n)| {
             NewTopic::new(t, *n, TopicReplication::Fixed(rf))
@@ -99,6 +99,25 @@ pub fn ensure(cfg: &Config, names: &Names) -> Result<()> {
                 .set("min.compaction.lag.ms", "86400000")
         })
         .collect();
+    // SPEC §14's sealed sums: compacted (one final record per key).
+    let reputation = &cfg.reputation.topic;
+    if cfg.reputation.mode != crate::engine::reputation::Mode::Off
+        && !partition_counts(cfg, std::slice::from_ref(reputation))?.contains_key(reputation)
+    {
+        if !k.create_topics {
+            return Err(ServiceError::config(format!(
+                "reputation topic {reputation} does not exist and kafka.create_topics is false"
+            )));
+        }
+        new.push(
+            NewTopic::new(
+                reputation,
+                k.topic_partitions as i32,
+                TopicReplication::Fixed(rf),
+            )
+            .set("cleanup.policy", "compact"),
+        );
+    }
     create(&rt, &admin, &new)
 }
 

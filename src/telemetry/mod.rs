@@ -110,6 +110,13 @@ pub const SOURCE: &str = "source";
 pub const RESULT: &str = "result";
 pub const ACTION: &str = "action";
 
+mod reputation;
+use reputation::ReputationMetrics;
+pub use reputation::{
+    OPEN_VALUES as REPUTATION_OPEN_VALUES, PENDING as REPUTATION_PENDING,
+    SEALED as REPUTATION_SEALED, TABLE as REPUTATION_TABLE, WEIGHT as REPUTATION_WEIGHT,
+};
+
 /// The label names (SPEC §8). No label ever carries an inference or voter id.
 pub const MODEL_ID: &str = "model_id";
 pub const VOTER_PROMPT_ID: &str = "voter_prompt_id";
@@ -370,6 +377,8 @@ struct Partitions {
 /// the cached children of its label pair).
 pub struct Metrics {
     registry: Registry,
+    /// SPEC §14 (`shadow` and `learned` only).
+    reputation: Option<ReputationMetrics>,
     ready: AtomicBool,
     accepted: Counter,
     duplicate: Counter,
@@ -414,6 +423,12 @@ impl fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new(max_label_values: usize) -> std::sync::Arc<Metrics> {
+        Self::with_reputation(max_label_values, false)
+    }
+
+    /// [`Metrics::new`], with SPEC §14's metrics when `reputation` (modes
+    /// `shadow` and `learned`).
+    pub fn with_reputation(max_label_values: usize, reputation: bool) -> std::sync::Arc<Metrics> {
         let mut registry = Registry::default();
         let r = &mut registry;
         let accepted = Counter::default();
@@ -683,9 +698,11 @@ impl Metrics {
         ]) {
             register(r, name, help, family.clone(), true);
         }
+        let reputation = reputation.then(|| ReputationMetrics::register(r));
         build_info(r);
 
         std::sync::Arc::new(Metrics {
+            reputation,
             registry,
             ready: AtomicBool::new(false),
             accepted,
@@ -915,6 +932,43 @@ impl Metrics {
         }
         self.batch_votes.observe(u.votes.len() as f64);
         self.batch_variance.observe(u.variance);
+        if let (Some(r), Some(l)) = (&self.reputation, &u.learned) {
+            let voter_prompt_id = lock(&self.series)
+                .rubrics
+                .map(&u.series.voter_prompt_id)
+                .to_owned();
+            let h = r.weight.get_or_create_owned(&Rubric { voter_prompt_id });
+            for &w in &l.weights {
+                h.observe(w);
+            }
+        }
+    }
+
+    /// SPEC §14: the end of the newest epoch `partition` has sealed.
+    pub fn reputation_sealed(&self, partition: &str, at_seconds: f64) {
+        if let Some(r) = &self.reputation {
+            r.sealed
+                .get_or_create(&PartitionLabel {
+                    partition: partition.to_owned(),
+                })
+                .set(at_seconds);
+        }
+    }
+
+    /// SPEC §14: the end of the newest epoch the whole group has sealed.
+    pub fn reputation_table(&self, at_seconds: Option<f64>) {
+        if let (Some(r), Some(at)) = (&self.reputation, at_seconds) {
+            r.table.set(at);
+        }
+    }
+
+    /// SPEC §14: open values and waiting batches over this instance's
+    /// partitions.
+    pub fn reputation_gauges(&self, open_values: usize, pending: usize) {
+        if let Some(r) = &self.reputation {
+            r.open_values.set(open_values as i64);
+            r.pending.set(pending as i64);
+        }
     }
 
     pub fn commit_duration(&self, seconds: f64) {

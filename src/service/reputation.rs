@@ -1,0 +1,448 @@
+//! SPEC §14 in `run`: each partition's sealed sums published to the
+//! compacted `reputation.topic` with its cycle, every instance reading the
+//! whole topic back into the group's view ([`Group`]), which feeds every
+//! partition's tables and releases the batches waiting at the barrier.
+//!
+//! The record codec and the [`Group`] are pure; the reader thread and the
+//! session's side are at the end.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::client::Tp;
+use super::error::{Result, ServiceError};
+use super::session::{not_assigned, Session};
+use crate::config::Config;
+use crate::engine::reputation::{Epoch, ReputationParams, Table, Tables, Terms, TermsKey};
+use crate::input::Id;
+use crate::kafka::{client_config, QuietEof};
+use crate::output::Route;
+use crate::state::{decode_value, encode_value};
+use crate::time::wall_clock;
+
+/// A record of the reputation topic.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TopicRecord {
+    /// One input partition's sealed sums of a rubric and epoch: each
+    /// reviewer's terms, in `voter_id` byte order.
+    Delta {
+        rubric: Id,
+        epoch: Epoch,
+        tp: Tp,
+        rows: Vec<(Id, Terms)>,
+    },
+    /// The newest epoch an input partition has sealed.
+    Sealed { tp: Tp, epoch: Epoch },
+}
+
+/// A reviewer's terms as stored in a delta record: voter, n, q, h.
+type Row = (Id, u64, u128, u128);
+
+impl TopicRecord {
+    /// Key and value. Keys: `d` + postcard(rubric, epoch, topic,
+    /// partition), `s` + postcard(topic, partition); values carry the
+    /// state format's byte (`crate::state::format`).
+    pub fn encode(&self) -> (Vec<u8>, Vec<u8>) {
+        match self {
+            TopicRecord::Delta {
+                rubric,
+                epoch,
+                tp,
+                rows,
+            } => {
+                let key = post(&(&**rubric, *epoch, &*tp.0, tp.1));
+                let rows: Vec<Row> = rows
+                    .iter()
+                    .map(|(v, t)| (v.clone(), t.n, t.q, t.h))
+                    .collect();
+                ([&b"d"[..], &key].concat(), encode_value(&rows))
+            }
+            TopicRecord::Sealed { tp, epoch } => {
+                let key = post(&(&*tp.0, tp.1));
+                ([&b"s"[..], &key].concat(), encode_value(epoch))
+            }
+        }
+    }
+
+    pub fn decode(key: &[u8], value: &[u8]) -> std::result::Result<TopicRecord, String> {
+        let bad = |e: &dyn std::fmt::Display| format!("not a reputation record: {e}");
+        match key.split_first() {
+            Some((b'd', k)) => {
+                let (rubric, epoch, topic, partition): (Id, Epoch, String, i32) =
+                    postcard::from_bytes(k).map_err(|e| bad(&e))?;
+                let rows: Vec<Row> = decode_value(value).map_err(|e| bad(&e))?;
+                Ok(TopicRecord::Delta {
+                    rubric,
+                    epoch,
+                    tp: (topic, partition),
+                    rows: rows
+                        .into_iter()
+                        .map(|(v, n, q, h)| (v, Terms { n, q, h }))
+                        .collect(),
+                })
+            }
+            Some((b's', k)) => {
+                let (topic, partition): (String, i32) =
+                    postcard::from_bytes(k).map_err(|e| bad(&e))?;
+                let epoch: Epoch = decode_value(value).map_err(|e| bad(&e))?;
+                Ok(TopicRecord::Sealed {
+                    tp: (topic, partition),
+                    epoch,
+                })
+            }
+            _ => Err(bad(&"unknown key kind")),
+        }
+    }
+}
+
+/// postcard into a Vec, which cannot fail.
+fn post<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_allocvec(v).expect("postcard into a Vec")
+}
+
+/// The records a partition's sealed deltas and newest sealed epoch make,
+/// deltas first (grouped per rubric and epoch, reviewers in byte order).
+pub fn records_of(
+    tp: &Tp,
+    deltas: Vec<(TermsKey, Terms)>,
+    sealed: Option<Epoch>,
+) -> Vec<TopicRecord> {
+    let mut grouped: std::collections::BTreeMap<(Id, Epoch), Vec<(Id, Terms)>> = Default::default();
+    for ((rubric, epoch, voter), t) in deltas {
+        grouped.entry((rubric, epoch)).or_default().push((voter, t));
+    }
+    let mut out: Vec<TopicRecord> = grouped
+        .into_iter()
+        .map(|((rubric, epoch), mut rows)| {
+            rows.sort_by(|a, b| a.0.cmp(&b.0));
+            TopicRecord::Delta {
+                rubric,
+                epoch,
+                tp: tp.clone(),
+                rows,
+            }
+        })
+        .collect();
+    if let Some(epoch) = sealed {
+        out.push(TopicRecord::Sealed {
+            tp: tp.clone(),
+            epoch,
+        });
+    }
+    out
+}
+
+/// The topic partition every record of input partition `tp` goes to.
+pub fn topic_partition(tp: &Tp, partitions: i32) -> i32 {
+    let h = i64::from(crc32fast::hash(tp.0.as_bytes())) + i64::from(tp.1);
+    h.rem_euclid(i64::from(partitions.max(1))) as i32
+}
+
+/// What an instance knows of the group from the topic: every delta once,
+/// each input partition's newest sealed epoch, and the tables over them.
+pub struct Group {
+    params: ReputationParams,
+    /// Every input partition (of every input topic).
+    expected: Vec<Tp>,
+    seen: HashSet<(Id, Epoch, Tp)>,
+    sealed: HashMap<Tp, Epoch>,
+    tables: Tables,
+    /// Deltas read since the partitions last took them.
+    fresh: Vec<(TermsKey, Terms)>,
+}
+
+impl Group {
+    pub fn new(params: ReputationParams, expected: Vec<Tp>) -> Group {
+        Group {
+            params,
+            expected,
+            seen: HashSet::new(),
+            sealed: HashMap::new(),
+            tables: Tables::default(),
+            fresh: Vec::new(),
+        }
+    }
+
+    /// Takes one record. A delta seen before counts once (a redone cycle
+    /// writes identical records; the topic keeps the latest per key).
+    pub fn apply(&mut self, r: TopicRecord) {
+        match r {
+            TopicRecord::Delta {
+                rubric,
+                epoch,
+                tp,
+                rows,
+            } => {
+                if !self.seen.insert((rubric.clone(), epoch, tp)) {
+                    return;
+                }
+                for (voter, t) in rows {
+                    self.tables.add(&rubric, epoch, &voter, &t);
+                    self.fresh.push(((rubric.clone(), epoch, voter), t));
+                }
+            }
+            TopicRecord::Sealed { tp, epoch } => {
+                let e = self.sealed.entry(tp).or_insert(epoch);
+                *e = (*e).max(epoch);
+                if let Some(g) = self.group_sealed() {
+                    // No batch needs a table without the epochs before
+                    // g − 1 apart (see `Engine::share_tables`).
+                    self.tables.fold_through(g - 2);
+                }
+            }
+        }
+    }
+
+    /// k*: the newest epoch every input partition has sealed.
+    pub fn group_sealed(&self) -> Option<Epoch> {
+        self.expected
+            .iter()
+            .map(|tp| self.sealed.get(tp).copied())
+            .min()
+            .flatten()
+    }
+
+    pub fn params(&self) -> &ReputationParams {
+        &self.params
+    }
+
+    pub fn take_fresh(&mut self) -> Vec<(TermsKey, Terms)> {
+        std::mem::take(&mut self.fresh)
+    }
+
+    /// Deltas that give a partition started now the group's tables.
+    pub fn export(&self) -> Vec<(TermsKey, Terms)> {
+        self.tables.export()
+    }
+
+    /// T_{k*+2} of every rubric, and (k* + 1)·E (SPEC §9 `weight`,
+    /// `table_until`): None until every partition has sealed an epoch.
+    pub fn newest(&mut self) -> Option<crate::api::GroupWeights> {
+        let g = self.group_sealed()?;
+        let tables = self
+            .tables
+            .rubrics()
+            .into_iter()
+            .map(|r| {
+                let t: Arc<Table> = self.tables.table(&self.params, &r, g + 2);
+                (r.to_string(), t)
+            })
+            .collect();
+        Some(crate::api::GroupWeights {
+            table_until: self.params.start_of(g + 1),
+            tables,
+        })
+    }
+}
+
+/// The thread reading the whole reputation topic (read_committed) from
+/// its beginning, for as long as the session lives.
+pub struct Reader {
+    pub rx: mpsc::Receiver<TopicRecord>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Reader {
+    pub fn start(cfg: &Config) -> Result<Reader> {
+        let topic = cfg.reputation.topic.clone();
+        let consumer: BaseConsumer<QuietEof> = client_config(cfg)
+            .set("group.id", format!("{}-reputation", cfg.kafka.group_id))
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest")
+            .create_with_context(QuietEof)
+            .map_err(|e| ServiceError::kafka("create the reputation reader", e))?;
+        let md = consumer
+            .fetch_metadata(Some(&topic), Duration::from_secs(10))
+            .map_err(|e| ServiceError::kafka("reputation topic metadata", e))?;
+        let n = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(0, |t| t.partitions().len());
+        if n == 0 {
+            return Err(ServiceError::broker(format!(
+                "reputation topic {topic} has no partitions"
+            )));
+        }
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..n as i32 {
+            tpl.add_partition_offset(&topic, p, Offset::Beginning)
+                .map_err(|e| ServiceError::kafka("assign the reputation topic", e))?;
+        }
+        consumer
+            .assign(&tpl)
+            .map_err(|e| ServiceError::kafka("assign the reputation topic", e))?;
+        let (tx, rx) = mpsc::sync_channel(65_536);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("reputation-reader".into())
+            .spawn(move || {
+                while !stopping.load(Ordering::SeqCst) {
+                    let Some(m) = consumer.poll(Duration::from_millis(100)) else {
+                        continue;
+                    };
+                    let m = match m {
+                        Ok(m) => m,
+                        Err(e) => {
+                            tracing::warn!("reputation reader: {e}");
+                            continue;
+                        }
+                    };
+                    let (Some(k), Some(v)) = (m.key(), m.payload()) else {
+                        continue;
+                    };
+                    match TopicRecord::decode(k, v) {
+                        Ok(r) => {
+                            if tx.send(r).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => tracing::warn!(
+                            partition = m.partition(),
+                            offset = m.offset(),
+                            "reputation topic: skipping a record: {e}"
+                        ),
+                    }
+                }
+            })
+            .map_err(|e| ServiceError::thread("the reputation reader", e))?;
+        Ok(Reader {
+            rx,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The session's side: the reader and the group view.
+pub struct Reputation {
+    pub reader: Reader,
+    pub group: Group,
+    /// The group's newest sealed epoch the partitions were last told.
+    told: Option<Epoch>,
+}
+
+impl Reputation {
+    pub fn start(cfg: &Config, expected: Vec<Tp>) -> Result<Reputation> {
+        Ok(Reputation {
+            reader: Reader::start(cfg)?,
+            group: Group::new(cfg.engine().reputation, expected),
+            told: None,
+        })
+    }
+}
+
+/// Most records taken from the reader per loop turn.
+const RECORDS_PER_TURN: usize = 10_000;
+
+impl Session {
+    /// A partition taken on: its tables become the group's.
+    pub fn attach_reputation(&mut self, tp: &Tp) -> Result<()> {
+        let Some(rep) = &self.reputation else {
+            return Ok(());
+        };
+        let deltas = rep.group.export();
+        let sealed = rep.group.group_sealed();
+        let part = self.parts.get_mut(tp).ok_or_else(|| not_assigned(tp))?;
+        part.share_tables(&deltas);
+        if part.pending_batches() > 0 {
+            self.ensure_cycle()?;
+        }
+        let part = self.parts.get_mut(tp).ok_or_else(|| not_assigned(tp))?;
+        part.set_group_sealed(sealed, &mut self.updates)?;
+        self.emit_updates(tp, wall_clock())
+    }
+
+    /// Takes what the reader has read: new deltas into every partition's
+    /// tables, then the group's sealed epoch, which may release batches
+    /// waiting at the barrier (scored in this cycle).
+    pub fn reputation_turn(&mut self) -> Result<()> {
+        let Some(rep) = &mut self.reputation else {
+            return Ok(());
+        };
+        let mut n = 0;
+        while n < RECORDS_PER_TURN {
+            match rep.reader.rx.try_recv() {
+                Ok(r) => rep.group.apply(r),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err(ServiceError::internal("the reputation reader stopped"))
+                }
+            }
+            n += 1;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let fresh = rep.group.take_fresh();
+        let sealed = rep.group.group_sealed();
+        let moved = sealed != rep.told;
+        rep.told = sealed;
+        if moved {
+            self.holdings.set_reputation(rep.group.newest());
+            self.metrics
+                .reputation_table(sealed.map(|g| rep.group.params().start_of(g + 1) as f64 / 1e9));
+        }
+        let tps: Vec<Tp> = self.parts.keys().cloned().collect();
+        for tp in tps {
+            let part = self.parts.get_mut(&tp).ok_or_else(|| not_assigned(&tp))?;
+            part.add_deltas(&fresh);
+            if !moved || part.pending_batches() == 0 {
+                continue;
+            }
+            self.ensure_cycle()?;
+            let part = self.parts.get_mut(&tp).ok_or_else(|| not_assigned(&tp))?;
+            part.set_group_sealed(sealed, &mut self.updates)?;
+            self.emit_updates(&tp, wall_clock())?;
+        }
+        Ok(())
+    }
+
+    /// Emits into the open cycle what each partition sealed since the
+    /// last cycle: its deltas, then its seal record (before the cycle's
+    /// changelog records, so that they commit together).
+    pub fn publish_reputation(&mut self) -> Result<()> {
+        if self.reputation.is_none() {
+            return Ok(());
+        }
+        let n = self.outputs.partitions(Route::Reputation);
+        let tps: Vec<Tp> = self.parts.keys().cloned().collect();
+        for tp in tps {
+            let part = self.parts.get_mut(&tp).ok_or_else(|| not_assigned(&tp))?;
+            let (deltas, sealed) = part.take_published();
+            if let Some(e) = sealed {
+                let at = self.cfg.engine().reputation.start_of(e + 1);
+                self.metrics
+                    .reputation_sealed(&format!("{}-{}", tp.0, tp.1), at as f64 / 1e9);
+            }
+            let partition = topic_partition(&tp, n);
+            for r in records_of(&tp, deltas, sealed) {
+                let (key, value) = r.encode();
+                self.emit_at(&tp, Route::Reputation, Some(&key), value, Some(partition))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

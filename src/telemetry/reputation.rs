@@ -1,0 +1,79 @@
+//! SPEC §14's metrics, registered on `run`'s registry in modes `shadow`
+//! and `learned` only (no label carries a voter id).
+
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::{histogram, register, FloatGauge, HistogramFamily, PartitionLabel, Rubric};
+
+/// (e + 1)·E of the newest epoch each of this instance's partitions has
+/// sealed (Unix seconds).
+pub const SEALED: &str = "jurystream_reputation_sealed_timestamp_seconds";
+/// (k* + 1)·E, k* the newest epoch every input partition has sealed: the
+/// newest table in use is T_{k*+2} (Unix seconds).
+pub const TABLE: &str = "jurystream_reputation_table_timestamp_seconds";
+/// (series, epoch, reviewer) votes held for epochs not yet sealed.
+pub const OPEN_VALUES: &str = "jurystream_reputation_open_values";
+/// Closed batches waiting at the barrier (`learned`).
+pub const PENDING: &str = "jurystream_reputation_pending_batches";
+/// ω of each counted vote scored (`learned`), per rubric.
+pub const WEIGHT: &str = "jurystream_reputation_weight";
+
+const WEIGHT_BUCKETS: &[f64] = &[0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0];
+
+pub(super) struct ReputationMetrics {
+    pub sealed: Family<PartitionLabel, FloatGauge>,
+    pub table: FloatGauge,
+    pub open_values: Gauge,
+    pub pending: Gauge,
+    pub weight: HistogramFamily<Rubric>,
+}
+
+impl ReputationMetrics {
+    pub fn register(r: &mut Registry) -> ReputationMetrics {
+        let m = ReputationMetrics {
+            sealed: Family::default(),
+            table: FloatGauge::default(),
+            open_values: Gauge::default(),
+            pending: Gauge::default(),
+            weight: HistogramFamily::new_with_constructor(|| histogram(WEIGHT_BUCKETS)),
+        };
+        register(
+            r,
+            SEALED,
+            "End of the newest epoch each partition of this instance has sealed (Unix seconds; SPEC 14).",
+            m.sealed.clone(),
+            false,
+        );
+        register(
+            r,
+            TABLE,
+            "End of the newest epoch every input partition has sealed: batches of the epoch after next use the tables up to it (Unix seconds).",
+            m.table.clone(),
+            false,
+        );
+        register(
+            r,
+            OPEN_VALUES,
+            "Reviewers' latest votes per series held for epochs not yet sealed.",
+            m.open_values.clone(),
+            false,
+        );
+        register(
+            r,
+            PENDING,
+            "Closed batches waiting until every input partition has sealed their epoch minus two (learned mode).",
+            m.pending.clone(),
+            false,
+        );
+        register(
+            r,
+            WEIGHT,
+            "Learned weight of each counted vote scored, per rubric (learned mode).",
+            m.weight.clone(),
+            false,
+        );
+        m
+    }
+}
