@@ -130,8 +130,14 @@ struct ReplayArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Votes, one JSON object per line.
-    #[arg(long, value_name = "VOTES.jsonl")]
-    input: PathBuf,
+    #[arg(long, value_name = "VOTES.jsonl", required_unless_present = "partition_files")]
+    input: Option<PathBuf>,
+    /// Replay several files, each as its own input partition, with learned
+    /// reputation tables over all of them (SPEC §14; what `run` gives each
+    /// partition): the events of each file, file after file. Instead of
+    /// --input; no --state-dir.
+    #[arg(long, value_name = "VOTES.jsonl", num_args = 1.., conflicts_with_all = ["input", "state_dir", "keep_open"])]
+    partition_files: Vec<PathBuf>,
     /// RocksDB state directory to continue from and save to.
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
@@ -511,13 +517,19 @@ fn replay(a: ReplayArgs) -> Outcome {
             Some(m)
         }
     };
-    let opts = jurystream::replay::ReplayOptions {
-        input: &a.input,
-        state_dir: a.state_dir.as_deref(),
-        keep_open: a.keep_open,
-        metrics: metrics.clone(),
+    let result = match &a.input {
+        Some(input) => {
+            let opts = jurystream::replay::ReplayOptions {
+                input,
+                state_dir: a.state_dir.as_deref(),
+                keep_open: a.keep_open,
+                metrics: metrics.clone(),
+                shared: None,
+            };
+            jurystream::replay::run(&cfg, &opts, std::io::stdout())
+        }
+        None => replay_partitions(&cfg, &a.partition_files, &metrics),
     };
-    let result = jurystream::replay::run(&cfg, &opts, std::io::stdout());
     if let Ok(s) = &result {
         tracing::debug!(
             lines = s.lines,
@@ -531,6 +543,34 @@ fn replay(a: ReplayArgs) -> Outcome {
     }
     result?;
     Ok(())
+}
+
+/// `replay --partition-files`: every file's sealed deltas first, then each
+/// file replayed with tables over all of them.
+fn replay_partitions(
+    cfg: &Config,
+    files: &[PathBuf],
+    metrics: &Option<std::sync::Arc<jurystream::telemetry::Metrics>>,
+) -> Result<jurystream::replay::ReplaySummary, jurystream::replay::ReplayError> {
+    let mut deltas = Vec::new();
+    for f in files {
+        deltas.extend(jurystream::reputation::partition_deltas(cfg, f)?);
+    }
+    let mut total = jurystream::replay::ReplaySummary::default();
+    for f in files {
+        let opts = jurystream::replay::ReplayOptions {
+            input: f,
+            state_dir: None,
+            keep_open: false,
+            metrics: metrics.clone(),
+            shared: Some(&deltas),
+        };
+        let s = jurystream::replay::run(cfg, &opts, std::io::stdout())?;
+        total.lines += s.lines;
+        total.rejected += s.rejected;
+        total.events += s.events;
+    }
+    Ok(total)
 }
 
 fn backtest(a: BacktestArgs) -> Outcome {

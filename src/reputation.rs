@@ -16,8 +16,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
-use crate::engine::reputation::{unfix, Epoch, Mode, Table, Tables};
-use crate::engine::ScoreUpdate;
+use crate::engine::reputation::{unfix, Epoch, Mode, Table, Tables, Terms, TermsKey};
+use crate::engine::{Engine, ScoreUpdate};
 use crate::input::Rejection;
 use crate::replay::{
     join_thread, open_input, run_detached_then, spawn_reader, Chunk, Progress, ReplayError,
@@ -132,16 +132,48 @@ pub fn report_file(
                 progress.update(c.lines.last().map_or(0, |l| l.2), c.bytes, votes);
             }
         });
-        let result = run_detached_then(&run_cfg, cfg.cache_bytes(), chunks, &mut Discard, |e| {
-            e.seal_all();
-            report(cfg, e.tables())
-        });
+        let result = run_detached_then(
+            &run_cfg,
+            cfg.cache_bytes(),
+            chunks,
+            &mut Discard,
+            |_| (),
+            |e| {
+                e.seal_all();
+                report(cfg, e.tables())
+            },
+        );
         join_thread(INPUT_READER, reader)?;
         result
     })
     .map_err(|e| e.at_input(input))?;
     progress.finish();
     Ok((out, summary))
+}
+
+/// The sealed deltas of `input` replayed as one partition of several
+/// (`replay --partition-files`): what it would publish, epoch by epoch
+/// (the end of its input seals nothing).
+pub fn partition_deltas(cfg: &Config, input: &Path) -> Result<Vec<(TermsKey, Terms)>, ReplayError> {
+    let shadow = cfg.with_reputation_mode(Mode::Shadow);
+    let file = open_input(input)?;
+    let decode = cfg.decode_options();
+    let (_, deltas) = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
+        let reader = spawn_reader(scope, BufReader::with_capacity(1 << 20, file), &decode, tx)?;
+        let result = run_detached_then(
+            &shadow,
+            cfg.cache_bytes(),
+            rx.into_iter(),
+            &mut Discard,
+            Engine::share_tables,
+            |e| e.take_published().0,
+        );
+        join_thread(INPUT_READER, reader)?;
+        result
+    })
+    .map_err(|e| e.at_input(input))?;
+    Ok(deltas)
 }
 
 /// The report for a terminal: the rubrics, then per rubric its reviewers

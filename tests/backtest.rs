@@ -388,6 +388,7 @@ proptest! {
                 state_dir: None,
                 keep_open: false,
                 metrics: None,
+                shared: None,
             },
             &mut out,
         )

@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
+use crate::engine::reputation::{Epoch, Terms, TermsKey};
 use crate::engine::{Engine, Outcome, ScoreUpdate};
 use crate::input::{DecodeOptions, Rejection};
 use crate::state::Store;
@@ -30,6 +31,10 @@ pub struct ReplayOptions<'a> {
     pub keep_open: bool,
     /// Metrics to keep up to date (served by `--metrics-listen`).
     pub metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
+    /// `--partition-files` (SPEC §14): this file is one partition of
+    /// several, scored with tables over every partition's sealed deltas
+    /// (all of these), never waiting.
+    pub shared: Option<&'a [(TermsKey, Terms)]>,
 }
 
 /// What a replay did (also printed on stderr at the end).
@@ -124,6 +129,14 @@ pub fn run(
         None => Store::open_temporary(&dir)?,
     };
     let (mut engine, stats) = store.load(cfg.engine())?;
+    if let Some(deltas) = opts.shared {
+        engine.share_tables();
+        for ((rubric, epoch, voter), t) in deltas {
+            engine.add_delta(rubric, *epoch, voter, t);
+        }
+        // Every other partition's input has ended: every epoch is sealed.
+        engine.set_group_sealed(Some(Epoch::MAX), &mut Vec::new());
+    }
     if opts.state_dir.is_some() && !engine.is_complete() {
         tracing::info!(
             open_batches = stats.batches,
@@ -346,20 +359,23 @@ pub(crate) fn run_detached<C: Borrow<Chunk>, K: Sink>(
     chunks: impl Iterator<Item = std::io::Result<C>>,
     sink: &mut K,
 ) -> Result<ReplaySummary> {
-    run_detached_then(cfg, budget, chunks, sink, |_| ()).map(|(summary, ())| summary)
+    run_detached_then(cfg, budget, chunks, sink, |_| (), |_| ()).map(|(summary, ())| summary)
 }
 
-/// [`run_detached`], then `then` on the engine (its batches closed).
+/// [`run_detached`] on an engine `prepare` has seen first, then `then`
+/// on it (its batches closed).
 pub(crate) fn run_detached_then<C: Borrow<Chunk>, K: Sink, T>(
     cfg: &Config,
     budget: usize,
     chunks: impl Iterator<Item = std::io::Result<C>>,
     sink: &mut K,
+    prepare: impl FnOnce(&mut Engine),
     then: impl FnOnce(&mut Engine) -> T,
 ) -> Result<(ReplaySummary, T)> {
     let tmp = error::temp_dir()?;
     let store = Store::open_temporary(tmp.path())?;
     let (mut engine, _) = store.load(cfg.engine())?;
+    prepare(&mut engine);
     let mut shell = Shell::new(&mut engine, &store, budget, false);
     let summary = drive(chunks, &mut shell, sink, None)?;
     let mut updates = Vec::new();
@@ -426,6 +442,7 @@ mod tests {
             state_dir: None,
             keep_open: false,
             metrics: None,
+            shared: None,
         }
     }
 
