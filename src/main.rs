@@ -130,7 +130,11 @@ struct ReplayArgs {
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Votes, one JSON object per line.
-    #[arg(long, value_name = "VOTES.jsonl", required_unless_present = "partition_files")]
+    #[arg(
+        long,
+        value_name = "VOTES.jsonl",
+        required_unless_present = "partition_files"
+    )]
     input: Option<PathBuf>,
     /// Replay several files, each as its own input partition, with learned
     /// reputation tables over all of them (SPEC §14; what `run` gives each

@@ -681,7 +681,7 @@ const READ_DEADLINE: Duration = Duration::from_secs(60);
 /// A broker that is down for a moment (a test restarting it) makes the
 /// whole read start again; a read that does not reach the end of every
 /// partition within [`READ_DEADLINE`] panics.
-fn read_all<T>(
+pub fn read_all<T>(
     bootstrap: &str,
     topics: &[String],
     out: &mut Vec<T>,
@@ -1179,4 +1179,26 @@ pub fn high_watermarks_of(bootstrap: &str, topic: &str) -> BTreeMap<i32, i64> {
             (p, high)
         })
         .collect()
+}
+
+/// Every record of `topic` (read_committed) per partition, in offset
+/// order: offset and raw payload (a test's input topic, bad lines too).
+pub fn read_raw_partitions(bootstrap: &str, topic: &str) -> BTreeMap<i32, Vec<(i64, Vec<u8>)>> {
+    use rdkafka::message::Message;
+    let mut all = Vec::new();
+    read_all(bootstrap, &[topic.to_owned()], &mut all, |out, m| {
+        out.push((
+            m.partition(),
+            m.offset(),
+            m.payload().unwrap_or_default().to_vec(),
+        ));
+    });
+    let mut out: BTreeMap<i32, Vec<(i64, Vec<u8>)>> = BTreeMap::new();
+    for (p, o, v) in all {
+        out.entry(p).or_default().push((o, v));
+    }
+    for records in out.values_mut() {
+        records.sort_by_key(|r| r.0);
+    }
+    out
 }
