@@ -5,9 +5,6 @@
 
 mod kafka_support;
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -20,102 +17,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-const BIN: &str = env!("CARGO_BIN_EXE_jurystream");
-
-fn learned(name: &str) -> String {
-    format!(
-        "\n[reputation]\nmode = \"learned\"\nepoch_seconds = 60\nprior_votes = 2\ntopic = \"{name}-reputation\"\n"
-    )
-}
-
-/// Votes over several one-minute epochs, then one vote per input
-/// partition two epochs after the last (keys chosen by librdkafka's
-/// partitioner, CRC-32 of the key): every partition seals every epoch a
-/// batch's table holds, so the live run's idle flush, which seals a
-/// partition's last epochs too, changes no table a batch uses.
-fn votes(path: &Path, n: usize, partitions: u32) {
-    generate_votes(path, n, 11);
-    let text = std::fs::read_to_string(path).unwrap();
-    let last = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter_map(|v| v["timestamp"].as_str().map(str::to_owned))
-        .max()
-        .unwrap();
-    let end = chrono_like_plus(&last, 150);
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
-    let mut covered = vec![false; partitions as usize];
-    for i in 0.. {
-        let key = format!("close-{i}");
-        let p = (crc32fast::hash(key.as_bytes()) % partitions) as usize;
-        if covered[p] {
-            continue;
-        }
-        covered[p] = true;
-        writeln!(
-            f,
-            r#"{{"inference_id": "{key}", "voter_id": "v0", "voter_prompt_id": "accuracy", "vote": 1, "timestamp": "{end}"}}"#
-        )
-        .unwrap();
-        if covered.iter().all(|c| *c) {
-            break;
-        }
-    }
-}
-
-/// `ts` (`2024-07-DDTHH:MM:SS.mmmZ`, as the generator writes) plus `secs`.
-fn chrono_like_plus(ts: &str, secs: i64) -> String {
-    let day: i64 = ts[8..10].parse().unwrap();
-    let h: i64 = ts[11..13].parse().unwrap();
-    let m: i64 = ts[14..16].parse().unwrap();
-    let s: i64 = ts[17..19].parse().unwrap();
-    let t = ((day * 24 + h) * 60 + m) * 60 + s + secs;
-    format!(
-        "2024-07-{:02}T{:02}:{:02}:{:02}Z",
-        t / 86_400,
-        t / 3600 % 24,
-        t / 60 % 60,
-        t % 60
-    )
-}
-
-/// The input topic split into one file per partition, in offset order.
-fn partition_files(setup: &Setup) -> Vec<PathBuf> {
-    read_raw_partitions(&setup.bootstrap, &setup.input_topic)
-        .into_iter()
-        .map(|(p, records)| {
-            let path = setup.dir.path().join(format!("partition-{p}.jsonl"));
-            let mut f = std::fs::File::create(&path).unwrap();
-            for (_, payload) in records {
-                f.write_all(&payload).unwrap();
-                f.write_all(b"\n").unwrap();
-            }
-            path
-        })
-        .collect()
-}
-
-/// `replay --partition-files`: the oracle.
-fn oracle(config: &Path, files: &[PathBuf]) -> Vec<Value> {
-    let out = Command::new(BIN)
-        .args(["replay", "--config"])
-        .arg(config)
-        .arg("--partition-files")
-        .args(files)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
@@ -123,11 +24,11 @@ fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
     };
     let setup = Setup::new(&broker, name, 4, delivery, &learned(name));
     let input = setup.dir.path().join("votes.jsonl");
-    votes(&input, 12_000, 4);
+    votes_over_epochs(&input, 12_000, 4);
     setup.produce(&input);
     let files = partition_files(&setup);
     assert_eq!(files.len(), 4);
-    let expected = oracle(&setup.config, &files);
+    let expected = partition_oracle(&setup.config, &files);
     // The tables are used: some vote weighs other than 1.
     let learned_weights: Vec<f64> = expected
         .iter()

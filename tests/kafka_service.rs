@@ -186,12 +186,26 @@ fn exactly_once_with_transactions_equals_replay() {
 
 #[test]
 fn kill_9_at_many_points_loses_and_doubles_nothing() {
-    kill_9_at_many_points("exactly_once");
+    kill_9_at_many_points("exactly_once", false);
 }
 
 #[test]
 fn kill_9_at_many_points_outbox_loses_and_doubles_nothing() {
-    kill_9_at_many_points("exactly_once_outbox");
+    kill_9_at_many_points("exactly_once_outbox", false);
+}
+
+/// SPEC §14 `learned` mode: the open values, the batches waiting at the
+/// barrier and the sealed sums survive kill -9 (the oracle is
+/// `replay --partition-files`, the reputation topic's records identical
+/// per key).
+#[test]
+fn kill_9_at_many_points_learned_loses_and_doubles_nothing() {
+    kill_9_at_many_points("exactly_once", true);
+}
+
+#[test]
+fn kill_9_at_many_points_learned_outbox_loses_and_doubles_nothing() {
+    kill_9_at_many_points("exactly_once_outbox", true);
 }
 
 /// Kills the service (kill -9) at 5 points of the stream in `mode`, one of
@@ -206,7 +220,7 @@ fn kill_9_at_many_points_outbox_loses_and_doubles_nothing() {
 /// and the restart redoes the cycle: the test asserts that nothing is lost
 /// or foreign and that the only repeats are those redone cycles' events
 /// ([`assert_copies_only_of_killed_cycles`]; none on Apache Kafka).
-fn kill_9_at_many_points(mode: &str) {
+fn kill_9_at_many_points(mode: &str, learned_mode: bool) {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
         return;
@@ -214,11 +228,27 @@ fn kill_9_at_many_points(mode: &str) {
     if mode == "exactly_once" {
         exactly_once_mode(&broker.bootstrap(), "crash-probe");
     }
-    let setup = Setup::new(&broker, "crash", 4, mode, NO_CACHE);
+    let name = if learned_mode { "crashrep" } else { "crash" };
+    let group = format!("{name}-group");
+    let extra = if learned_mode {
+        format!("{NO_CACHE}\n{}", learned(name))
+    } else {
+        NO_CACHE.to_owned()
+    };
+    let setup = Setup::new(&broker, name, 4, mode, &extra);
     let input = setup.dir.path().join("votes.jsonl");
-    generate_votes(&input, 50_000, 7);
-    let expected = replay(&setup.config, &input);
-    let produced = setup.produce(&input) as i64;
+    let (expected, produced) = if learned_mode {
+        votes_over_epochs(&input, 20_000, 4);
+        let produced = setup.produce(&input) as i64;
+        (
+            partition_oracle(&setup.config, &partition_files(&setup)),
+            produced,
+        )
+    } else {
+        generate_votes(&input, 50_000, 7);
+        let expected = replay(&setup.config, &input);
+        (expected, setup.produce(&input) as i64)
+    };
     let mut svc = Service::start(&setup, "0");
     // Kill at 5 points of the stream; the 100 ms commit cycle means most
     // kills land inside an open cycle, and each kill waits until the
@@ -229,8 +259,7 @@ fn kill_9_at_many_points(mode: &str) {
     let mut restarts: Vec<(f64, f64)> = Vec::new();
     for (i, pct) in [5i64, 25, 45, 65, 85].into_iter().enumerate() {
         let at = (produced * pct / 100).max(since + 1).min(produced);
-        let at_kill =
-            kill_once_committed(&setup, "crash-group", at, &mut svc, &(i + 1).to_string());
+        let at_kill = kill_once_committed(&setup, &group, at, &mut svc, &(i + 1).to_string());
         if mode == "exactly_once_outbox" {
             // Killed while input was left, the instance was mid-stream: each
             // partition whose last cycle had events is restored in doubt
@@ -250,19 +279,28 @@ fn kill_9_at_many_points(mode: &str) {
                     .unwrap_or(0.0),
             ));
         }
-        since = committed_input(&setup, "crash-group");
+        since = committed_input(&setup, &group);
     }
     if mode == "exactly_once" {
         wait_for_every_event(&setup, &expected, Duration::from_secs(300), &svc);
         let status = svc.terminate(Duration::from_secs(30));
         assert!(status.success(), "{}", svc.log_text());
         assert_copies_only_of_killed_cycles(&setup, &expected, 5);
+        if learned_mode {
+            // The test broker makes a killed cycle's records visible, and
+            // its redo may seal other epochs (as it may close other
+            // batches): only the seal records are checked here.
+            assert_one_value_per_key(&setup.bootstrap, &format!("{name}-reputation"), false);
+        }
         return;
     }
     wait_for_events(&setup, &expected, Duration::from_secs(300), &svc);
     let status = svc.terminate(Duration::from_secs(30));
     assert!(status.success(), "{}", svc.log_text());
     assert_same_events(&setup, &expected);
+    if learned_mode {
+        assert_one_value_per_key(&setup.bootstrap, &format!("{name}-reputation"), true);
+    }
     if mode == "exactly_once_outbox" {
         // A restart is ready only once it completed every cycle in doubt it
         // restored; the kills mid-stream leave some.
@@ -273,6 +311,33 @@ fn kill_9_at_many_points(mode: &str) {
         );
         assert_every_event_has_a_unique_origin(&setup);
     }
+}
+
+/// SPEC §14: every input partition published a seal record, and (when
+/// `strict`) every record of the reputation topic under one key has the
+/// same value (a redone cycle writes identical records), so the topic
+/// holds one final record per key.
+fn assert_one_value_per_key(bootstrap: &str, topic: &str, strict: bool) {
+    use rdkafka::message::Message;
+    let mut all = Vec::new();
+    read_all(bootstrap, &[topic.to_owned()], &mut all, |out, m| {
+        out.push((
+            m.key().unwrap_or_default().to_vec(),
+            m.payload().unwrap_or_default().to_vec(),
+        ));
+    });
+    let mut by_key: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    for (k, v) in &all {
+        let first = by_key.entry(k.clone()).or_insert_with(|| v.clone());
+        assert!(!strict || first == v, "two values under key {k:?}");
+    }
+    let seals = by_key.keys().filter(|k| k.first() == Some(&b's')).count();
+    assert_eq!(seals, 4, "a seal record per input partition");
+    eprintln!(
+        "reputation topic: {} records, {} keys",
+        all.len(),
+        by_key.len()
+    );
 }
 
 /// `exactly_once` after `kills` kills -9, each followed by a restart under
