@@ -2,22 +2,27 @@
 //! wrote. `tests/fixtures/state-format-N/` holds what the build of state
 //! format N left behind after the first part of a vote stream — a replay's
 //! `--state-dir`, and a service's changelog topic, input topic, committed
-//! events and local `state.dir` — written by [`write_format_6_fixtures`]
+//! events and local `state.dir` — written by `write_format_N_fixtures`
 //! (`#[ignore]`d: it runs the old binary named by `JURYSTREAM_FIXTURE_BIN`).
-//! The other tests run this build on the second part and compare with a
-//! replay of the whole stream by this build:
+//! There are fixtures for formats 6 ([`write_format_6_fixtures`], commit
+//! ed1e475) and 7 ([`write_format_7_fixtures`], commit d6bf4e9). The other
+//! tests run this build on the second part and compare with a replay of
+//! the whole stream by this build, three for each format N:
 //!
-//! - `replay_continues_from_a_format_6_state_directory` (no broker);
-//! - `run_restores_a_format_6_changelog_and_continues_exactly` (an empty
+//! - `replay_continues_from_a_format_N_state_directory` (no broker;
+//!   [`replay_continues`]);
+//! - `run_restores_a_format_N_changelog_and_continues_exactly` (an empty
 //!   `state.dir`: everything comes from the changelog) and
-//!   `run_continues_on_a_format_6_state_directory_exactly` (the old
-//!   instance's RocksDB directories plus the changelog), on a fresh test
-//!   broker into which the fixture's input and changelog records are
-//!   written back at their partitions and offsets, byte for byte. Skipped
-//!   when tansu is not installed, unless JURYSTREAM_REQUIRE_BROKER=1.
+//!   `run_continues_on_a_format_N_state_directory_exactly` (the old
+//!   instance's RocksDB directories plus the changelog), both
+//!   [`run_continues`], on a fresh test broker into which the fixture's
+//!   input and changelog records are written back at their partitions and
+//!   offsets, byte for byte. Skipped when tansu is not installed, unless
+//!   JURYSTREAM_REQUIRE_BROKER=1.
 //!
-//! A later state format adds `state-format-M/` the same way (see the
-//! fixture's README.md and docs/testing.md).
+//! A later state format adds `state-format-M/` the same way, written by the
+//! last build of format M (see the fixtures' README.md and
+//! docs/testing.md); the fixtures of older formats stay.
 
 mod kafka_support;
 
@@ -582,6 +587,16 @@ fn write_format_6_fixtures() {
     write_fixtures(6, "ed1e475");
 }
 
+/// Writes `tests/fixtures/state-format-7/` (or `$JURYSTREAM_FIXTURE_OUT`)
+/// with the binary `$JURYSTREAM_FIXTURE_BIN`, the build of state format 7
+/// (commit d6bf4e9, the last before format 8); needs the test broker. See
+/// the fixture's README.md.
+#[test]
+#[ignore = "writes the fixture with an old binary: JURYSTREAM_FIXTURE_BIN=… cargo test --test upgrade write_format_7_fixtures -- --ignored"]
+fn write_format_7_fixtures() {
+    write_fixtures(7, "d6bf4e9");
+}
+
 fn write_fixtures(format: u32, commit: &str) {
     let _g = serial();
     let bin = PathBuf::from(std::env::var("JURYSTREAM_FIXTURE_BIN").expect(
@@ -769,7 +784,8 @@ Each later change of the state format adds a fixture directory of its own
 the same way, written by the last build of the format it replaces:
 `write_format_N_fixtures` calling `write_fixtures(N, "<commit>")`, and
 three tests calling `replay_continues` and `run_continues` (with and
-without the old state.dir) on `Fixture::of_format(N)`. The fixtures of
+without the old state.dir) on `Fixture::of_format(N)`; docs/testing.md
+(`tests/upgrade.rs`, upgrade fixtures) has the steps. The fixtures of
 older formats stay: every build must continue from each of them.
 
 What it holds: {n_input} input records, {n_changelog} changelog records and
@@ -802,6 +818,11 @@ replay printed {n_replay} events.
 #[test]
 fn replay_continues_from_a_format_6_state_directory() {
     replay_continues(&Fixture::of_format(6));
+}
+
+#[test]
+fn replay_continues_from_a_format_7_state_directory() {
+    replay_continues(&Fixture::of_format(7));
 }
 
 /// This build's `replay` of part 2 into a copy of the old replay's state
@@ -908,6 +929,16 @@ fn run_restores_a_format_6_changelog_and_continues_exactly() {
 #[test]
 fn run_continues_on_a_format_6_state_directory_exactly() {
     run_continues(&Fixture::of_format(6), true);
+}
+
+#[test]
+fn run_restores_a_format_7_changelog_and_continues_exactly() {
+    run_continues(&Fixture::of_format(7), false);
+}
+
+#[test]
+fn run_continues_on_a_format_7_state_directory_exactly() {
+    run_continues(&Fixture::of_format(7), true);
 }
 
 /// A fresh broker holding the fixture's input and changelog records (at
