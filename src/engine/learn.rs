@@ -213,6 +213,14 @@ impl Engine {
     /// up to k − 2.
     /// A batch waiting at the barrier may be older still.
     fn fold_before(&mut self, wm: Nanos) {
+        let oldest = self.oldest_epoch_under(wm);
+        self.tables.fold_through(oldest - 2);
+    }
+
+    /// The oldest epoch a batch still to score may have, under the
+    /// watermark `wm`: that of wm − W (of wm when W = 0), or a waiting
+    /// batch's.
+    fn oldest_epoch_under(&self, wm: Nanos) -> Epoch {
         let p = &self.cfg.reputation;
         let waiting = self
             .pending
@@ -220,8 +228,14 @@ impl Engine {
             .map(|(_, s)| p.epoch_of(s.pending.key.window_start))
             .min();
         let open = p.epoch_of(wm.saturating_sub(self.cfg.window_ns));
-        let oldest = waiting.map_or(open, |w| w.min(open));
-        self.tables.fold_through(oldest - 2);
+        waiting.map_or(open, |w| w.min(open))
+    }
+
+    /// `run`: the oldest epoch a batch of this partition still to score
+    /// may have (None before its first watermark: any). Its tables must
+    /// hold every epoch after this one − 2 apart.
+    pub fn oldest_epoch_needed(&self) -> Option<Epoch> {
+        self.meta.watermark.map(|wm| self.oldest_epoch_under(wm))
     }
 
     /// Seals every open epoch (the `reputation` command's end of input).

@@ -349,6 +349,12 @@ impl Tables {
         out
     }
 
+    /// The newest epoch folded into the base (tables before it + 2 can no
+    /// longer be built).
+    pub fn base_until(&self) -> Option<Epoch> {
+        self.base_until
+    }
+
     /// Every rubric with a delta.
     pub fn rubrics(&self) -> Vec<Id> {
         let mut out: Vec<Id> = self.base.keys().cloned().collect();

@@ -191,12 +191,30 @@ impl Group {
             TopicRecord::Sealed { tp, epoch } => {
                 let e = self.sealed.entry(tp).or_insert(epoch);
                 *e = (*e).max(epoch);
-                if let Some(g) = self.group_sealed() {
-                    // No batch needs a table without the epochs before
-                    // g − 1 apart (see `Engine::share_tables`).
-                    self.tables.fold_through(g - 2);
-                }
             }
+        }
+    }
+
+    /// Folds the epochs no table can need apart any more: those up to
+    /// k* − 2, and up to `needed` − 2 (the oldest epoch a batch of this
+    /// instance's partitions may have). A partition whose committed state
+    /// is behind what its published seal records say (`at_least_once`
+    /// after a crash) may need older ones: [`Group::can_serve`].
+    pub fn fold(&mut self, needed: Option<Epoch>) {
+        let Some(g) = self.group_sealed() else {
+            return;
+        };
+        let limit = needed.map_or(g, |n| n.min(g));
+        self.tables.fold_through(limit - 2);
+    }
+
+    /// Whether the tables can serve a partition whose oldest batch to
+    /// score may be of epoch `needed`.
+    pub fn can_serve(&self, needed: Option<Epoch>) -> bool {
+        match (needed, self.tables.base_until()) {
+            (Some(n), Some(b)) => b <= n - 2,
+            (None, Some(_)) => false,
+            (_, None) => true,
         }
     }
 
@@ -355,8 +373,36 @@ impl Reputation {
 const RECORDS_PER_TURN: usize = 10_000;
 
 impl Session {
-    /// A partition taken on: its tables become the group's.
+    /// A partition taken on: its tables become the group's. When the
+    /// group has folded epochs the partition still needs apart, the group
+    /// is read again from the topic's beginning (every partition's tables
+    /// start again with it).
     pub fn attach_reputation(&mut self, tp: &Tp) -> Result<()> {
+        let Some(rep) = &self.reputation else {
+            return Ok(());
+        };
+        let needed = self
+            .parts
+            .get(tp)
+            .ok_or_else(|| not_assigned(tp))?
+            .engine()
+            .oldest_epoch_needed();
+        if !rep.group.can_serve(needed) {
+            tracing::info!(topic = %tp.0, partition = tp.1, needed = ?needed,
+                "a partition needs reputation tables older than this instance keeps: reading the reputation topic again");
+            let expected = rep.group.expected.clone();
+            self.reputation = Some(Reputation::start(&self.cfg, expected)?);
+            let tps: Vec<Tp> = self.parts.keys().cloned().collect();
+            for other in tps {
+                let part = self
+                    .parts
+                    .get_mut(&other)
+                    .ok_or_else(|| not_assigned(&other))?;
+                part.share_tables(&[]);
+                part.set_group_sealed(None, &mut self.updates)?;
+            }
+            return Ok(());
+        }
         let Some(rep) = &self.reputation else {
             return Ok(());
         };
@@ -394,6 +440,12 @@ impl Session {
             return Ok(());
         }
         let fresh = rep.group.take_fresh();
+        let needed = self
+            .parts
+            .values()
+            .filter_map(|p| p.engine().oldest_epoch_needed())
+            .min();
+        rep.group.fold(needed);
         let sealed = rep.group.group_sealed();
         let moved = sealed != rep.told;
         rep.told = sealed;
