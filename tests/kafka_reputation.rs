@@ -85,3 +85,65 @@ fn four_partitions_learned_exactly_once_equal_their_replays() {
 fn four_partitions_learned_outbox_equal_their_replays() {
     four_partitions_equal_their_replays("exactly_once_outbox", "rep4ob");
 }
+
+/// An input partition without traffic seals through the idle flush and
+/// releases the batches the other waits with: until then the group has
+/// sealed nothing, so every learned batch of partition 0 waits.
+#[test]
+fn an_idle_partition_seals_by_idle_flush_and_releases_the_others() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let name = "repidle";
+    let extra = format!("{}\n", learned(name));
+    let setup = Setup::new(&broker, name, 2, "exactly_once_outbox", &extra);
+    // Partition 1 quiet for 20 s after it is assigned.
+    let text = std::fs::read_to_string(&setup.config)
+        .unwrap()
+        .replace("idle_flush_seconds = 2", "idle_flush_seconds = 20");
+    std::fs::write(&setup.config, text).unwrap();
+    let all = setup.dir.path().join("all.jsonl");
+    votes_over_epochs(&all, 3_000, 2);
+    // Only the votes librdkafka's partitioner sends to partition 0.
+    let input = setup.dir.path().join("votes.jsonl");
+    let kept: String = std::fs::read_to_string(&all)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .and_then(|v| {
+                    v["inference_id"]
+                        .as_str()
+                        .map(|k| crc32fast::hash(k.as_bytes()) % 2 == 0)
+                })
+                .unwrap_or(false)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&input, kept).unwrap();
+    setup.produce(&input);
+    let files = partition_files(&setup);
+    assert_eq!(files.len(), 1, "everything in partition 0");
+    let empty = setup.dir.path().join("partition-1.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    let expected = partition_oracle(&setup.config, &[files[0].clone(), empty]);
+    let svc = Service::start(&setup, "a");
+    let waiting = wait_for(
+        "batches waiting at the barrier",
+        Duration::from_secs(60),
+        || {
+            svc.metric("jurystream_reputation_pending_batches")
+                .filter(|n| *n > 0.0)
+        },
+    );
+    assert!(waiting > 0.0);
+    wait_for_events(&setup, &expected, Duration::from_secs(120), &svc);
+    assert_same_events(&setup, &expected);
+    assert_eq!(
+        svc.metric("jurystream_reputation_pending_batches"),
+        Some(0.0)
+    );
+    eprintln!("{} batches waited for the idle partition", waiting);
+}
