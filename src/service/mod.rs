@@ -28,6 +28,7 @@ mod reputation;
 mod restore;
 mod run;
 mod session;
+mod tables;
 mod topics;
 
 pub use changelog::{CycleMarker, CHANGELOG_HEADER, CYCLE_KEY};
