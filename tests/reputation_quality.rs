@@ -15,9 +15,11 @@
 //! the one-off dissenter ≥ 0.5; `learned` raises at most 1.05 × `off`'s
 //! flags; the mean squared error of the series' final scores against the
 //! planted truth falls by the factors of the issue. `shadow` prints what
-//! `off` prints, byte for byte but `processed_at`. The measured numbers
-//! are printed (`cargo test --test reputation_quality -- --nocapture`) and
-//! quoted in docs/testing.md.
+//! `off` prints, byte for byte but `processed_at`. And the weights rank
+//! reviewers as crowd-kit's OneCoinDawidSkene and GLAD do (Spearman ≥ 0.5;
+//! needs `scripts/crowdkit.sh install`). The measured numbers are printed
+//! (`cargo test --test reputation_quality -- --nocapture`) and quoted in
+//! docs/testing.md.
 
 mod common;
 
@@ -25,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{command, parse_lines, parse_utc, skip_or_fail};
+use common::{command, parse_lines, parse_utc, prerequisites_required, skip_or_fail};
 use serde_json::Value;
 
 #[derive(Clone, Copy, Debug)]
@@ -542,5 +544,101 @@ fn shadow_prints_what_off_prints() {
             shape.name
         );
         eprintln!("{}: shadow = off over {} lines", shape.name, off.len());
+    }
+}
+
+/// Whether crowd-kit's virtualenv is there. When it is not, the test skips,
+/// except under JURYSTREAM_REQUIRE_BROKER=1: then it is installed here, and
+/// a failed install fails the test.
+fn crowdkit_ready() -> bool {
+    let script = root().join("scripts/crowdkit.sh");
+    let installed = Command::new("bash")
+        .arg(&script)
+        .arg("installed")
+        .status()
+        .is_ok_and(|s| s.success());
+    if installed {
+        return true;
+    }
+    if !prerequisites_required() {
+        skip_or_fail(
+            "crowd-kit's virtualenv is not installed",
+            "scripts/crowdkit.sh install, about 30 s from PyPI",
+        );
+        return false;
+    }
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("install")
+        .output()
+        .expect("run scripts/crowdkit.sh install");
+    assert!(
+        out.status.success(),
+        "scripts/crowdkit.sh install failed (JURYSTREAM_REQUIRE_BROKER=1 makes this a failure):\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    true
+}
+
+#[test]
+fn weights_rank_reviewers_as_crowd_kit_does() {
+    if !python3_available() || !crowdkit_ready() {
+        return;
+    }
+    // The two shapes in parallel: GLAD takes about 20 s per log.
+    let handles: Vec<_> = [COMPACT, SPREAD]
+        .into_iter()
+        .map(|shape| {
+            std::thread::spawn(move || {
+                let p = generate(shape, 1);
+                let rep = p.dir.path().join("reputation.json");
+                std::fs::write(&rep, serde_json::to_vec(&reputation(&p, shape)).unwrap()).unwrap();
+                let out = Command::new("bash")
+                    .arg(root().join("scripts/crowdkit.sh"))
+                    .arg("compare")
+                    .arg(&p.votes)
+                    .arg(&rep)
+                    .args(["--rubrics", &MAIN_RUBRICS.join(",")])
+                    .output()
+                    .expect("run scripts/crowdkit.sh compare");
+                assert!(
+                    out.status.success(),
+                    "{}: crowd-kit comparison failed:\n{}",
+                    shape.name,
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let got: Value = serde_json::from_slice(&out.stdout).unwrap();
+                (shape, got)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (shape, got) = h.join().unwrap();
+        let mut line = Vec::new();
+        let mut check = |scope: &str, v: &Value| {
+            for model in ["one_coin_ds", "glad"] {
+                let rho = v[format!("spearman_{model}")].as_f64().unwrap_or_else(|| {
+                    panic!("{}: {scope}: no Spearman for {model}: {v}", shape.name)
+                });
+                assert!(
+                    rho >= 0.5,
+                    "{}, {scope}: Spearman of our weights with crowd-kit's {model} is {rho:.3} < 0.5",
+                    shape.name
+                );
+                line.push(format!("{scope} {model} {rho:.3}"));
+            }
+        };
+        for rubric in MAIN_RUBRICS {
+            check(rubric, &got["rubrics"][rubric]);
+        }
+        check("overall", &got["overall"]);
+        eprintln!(
+            "{} seed 1, Spearman with crowd-kit: {} (overall over within-rubric ranks: DS {:.3}, GLAD {:.3})",
+            shape.name,
+            line.join(", "),
+            got["overall"]["within_rubric_ranks_spearman_one_coin_ds"].as_f64().unwrap_or(f64::NAN),
+            got["overall"]["within_rubric_ranks_spearman_glad"].as_f64().unwrap_or(f64::NAN),
+        );
     }
 }
