@@ -473,7 +473,7 @@ fn assert_every_event_has_a_unique_origin(setup: &Setup) {
 #[test]
 #[ignore = "the test broker never aborts a killed instance's open transaction (docs/testing.md)"]
 fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
-    kill_9_one_of_three("exactly_once", false);
+    kill_9_one_of_three("exactly_once", false, false);
 }
 
 /// [`kill_9_one_of_three_instances_the_others_take_over_exactly`] with b's
@@ -486,12 +486,20 @@ fn kill_9_one_of_three_instances_the_others_take_over_exactly() {
 /// only repeats one cycle per partition of b's).
 #[test]
 fn kill_9_one_of_three_instances_exactly_once_the_others_take_over_once_the_transaction_ends() {
-    kill_9_one_of_three("exactly_once", true);
+    kill_9_one_of_three("exactly_once", true, false);
 }
 
 #[test]
 fn kill_9_one_of_three_instances_outbox_the_others_take_over_exactly() {
-    kill_9_one_of_three("exactly_once_outbox", false);
+    kill_9_one_of_three("exactly_once_outbox", false, false);
+}
+
+/// SPEC §14 `learned` mode, three instances, one killed: the survivors
+/// restore its open values and waiting batches and take over its seals
+/// (the oracle is `replay --partition-files`).
+#[test]
+fn kill_9_one_of_three_instances_learned_outbox_the_others_take_over_exactly() {
+    kill_9_one_of_three("exactly_once_outbox", false, true);
 }
 
 /// Watches the output topics (as a `read_committed` reader, from each
@@ -553,7 +561,7 @@ fn watch_first_event(
 
 /// `end_transaction`: initialise b's transactional id right after the kill
 /// (`exactly_once` only).
-fn kill_9_one_of_three(mode: &str, end_transaction: bool) {
+fn kill_9_one_of_three(mode: &str, end_transaction: bool, learned_mode: bool) {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
         return;
@@ -563,10 +571,23 @@ fn kill_9_one_of_three(mode: &str, end_transaction: bool) {
     }
     // max.poll.interval above a rebalance with restores, so no member
     // leaves the group on its own while it is forming (see below).
-    let setup = Setup::at(&broker.bootstrap(), "kill3", 6, mode, NO_CACHE, 20_000);
+    let name = if learned_mode { "kill3rep" } else { "kill3" };
+    let group = format!("{name}-group");
+    let extra = if learned_mode {
+        format!("{NO_CACHE}\n{}", learned(name))
+    } else {
+        NO_CACHE.to_owned()
+    };
+    let setup = Setup::at(&broker.bootstrap(), name, 6, mode, &extra, 20_000);
     let input = setup.dir.path().join("votes.jsonl");
-    generate_votes(&input, 100_000, 11);
-    let expected = replay(&setup.config, &input);
+    let mut expected = Vec::new();
+    if learned_mode {
+        // Computed once every vote is in the input topic (below).
+        votes_over_epochs(&input, 40_000, 6);
+    } else {
+        generate_votes(&input, 100_000, 11);
+        expected = replay(&setup.config, &input);
+    }
     let n = std::fs::read_to_string(&input).unwrap().lines().count();
     let first = setup.dir.path().join("first.jsonl");
     let second = setup.dir.path().join("second.jsonl");
@@ -594,9 +615,7 @@ fn kill_9_one_of_three(mode: &str, end_transaction: bool) {
     produced += setup.publish(&second) as i64;
     // Kill b mid-stream: some input committed, not all.
     wait_for("b to be mid-stream", Duration::from_secs(300), || {
-        let done = committed_offsets(&setup, "kill3-group")
-            .values()
-            .sum::<i64>();
+        let done = committed_offsets(&setup, &group).values().sum::<i64>();
         (done > produced / 2 + produced / 10).then_some(())
     });
     // What b holds (its metrics) just before the kill.
@@ -608,7 +627,7 @@ fn kill_9_one_of_three(mode: &str, end_transaction: bool) {
         // What b's restart would do first (its id: group id, instance id).
         let p: rdkafka::producer::BaseProducer = ClientConfig::new()
             .set("bootstrap.servers", &setup.bootstrap)
-            .set("transactional.id", "kill3-group-b")
+            .set("transactional.id", format!("{group}-b"))
             .create()
             .unwrap();
         use rdkafka::producer::Producer;
@@ -677,7 +696,7 @@ fn kill_9_one_of_three(mode: &str, end_transaction: bool) {
     produced += after_kill.join().unwrap() as i64;
     wait_committed(
         &setup,
-        "kill3-group",
+        &group,
         produced,
         "the survivors to commit everything",
     );
@@ -708,6 +727,9 @@ fn kill_9_one_of_three(mode: &str, end_transaction: bool) {
             "cycles in doubt the takeover completed: {} (b's partitions {b_parts:?})",
             after - recovered_before
         );
+    }
+    if learned_mode {
+        expected = partition_oracle(&setup.config, &partition_files(&setup));
     }
     stop_one_at_a_time(members, 6);
     // Close the remaining windows with an idle flush, as one run would at its end.
