@@ -2,7 +2,7 @@
 //! reviewer's deviation for a vote log, with the engine of `replay`.
 //!
 //! The file runs through a fresh engine on a temporary store
-//! (`replay::run_detached`, every batch closed at the end); every score
+//! (`replay::run_file_detached`, every batch closed at the end); every score
 //! update with ≥ 2 counted votes is a unit, folded into a [`Tally`] with
 //! the same arithmetic the service keeps in its state
 //! (`engine::agreement::unit`), so the numbers equal `GET /v1/rubrics`.
@@ -12,7 +12,6 @@
 //! store, its threads); the tally itself cannot fail.
 
 use std::collections::BTreeMap;
-use std::io::BufReader;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -22,10 +21,7 @@ use crate::engine::agreement::{unit, values, ReviewerStats, RubricSums};
 pub use crate::engine::agreement::{RubricRow, VoterRow};
 use crate::engine::ScoreUpdate;
 use crate::input::Rejection;
-use crate::replay::{
-    join_thread, open_input, run_detached, spawn_reader, Chunk, Progress, ReplayError, Sink,
-    INPUT_READER,
-};
+use crate::replay::{run_file_detached, ReplayError, Sink};
 
 /// What `agreement --format json` prints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -97,28 +93,8 @@ pub fn tally_file(
     cfg: &Config,
     input: &Path,
 ) -> Result<(Tally, crate::replay::ReplaySummary), ReplayError> {
-    let file = open_input(input)?;
-    let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let decode = cfg.decode_options();
-    let mut progress = Progress::new("agreement", total_bytes);
     let mut tally = Tally::default();
-    let summary = std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
-        let decode = &decode;
-        let reader = spawn_reader(scope, BufReader::with_capacity(1 << 20, file), decode, tx)?;
-        let mut votes = 0u64;
-        let chunks = rx.into_iter().inspect(|c| {
-            if let Ok(c) = c {
-                votes += c.decoded.iter().filter(|d| d.is_ok()).count() as u64;
-                progress.update(c.lines.last().map_or(0, |l| l.2), c.bytes, votes);
-            }
-        });
-        let result = run_detached(cfg, cfg.cache_bytes(), chunks, &mut tally);
-        join_thread(INPUT_READER, reader)?;
-        result
-    })
-    .map_err(|e| e.at_input(input))?;
-    progress.finish();
+    let (summary, ()) = run_file_detached(cfg, input, "agreement", &mut tally, |_| (), |_| ())?;
     Ok((tally, summary))
 }
 

@@ -2,7 +2,7 @@
 //! vote log, with the engine of `replay`.
 //!
 //! The file runs through a fresh engine on a temporary store
-//! (`replay::run_detached_then`) that collects and seals as `shadow` mode
+//! (`replay::run_file_detached`) that collects and seals as `shadow` mode
 //! does in any configured mode (the tables do not depend on it); at the
 //! end every epoch is sealed, and the rows are the tables over every
 //! epoch: what a batch of the next epoch would get.
@@ -10,7 +10,6 @@
 //! Errors: [`ReplayError`], `replay`'s own, and a configuration whose
 //! `epoch_seconds` breaks its cross-key rules (checked in every mode).
 
-use std::io::BufReader;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -19,10 +18,7 @@ use crate::config::Config;
 use crate::engine::reputation::{unfix, Epoch, Mode, Table, Tables, Terms, TermsKey};
 use crate::engine::{Engine, ScoreUpdate};
 use crate::input::Rejection;
-use crate::replay::{
-    join_thread, open_input, run_detached_then, spawn_reader, Chunk, Progress, ReplayError,
-    ReplaySummary, Sink, INPUT_READER,
-};
+use crate::replay::{run_file_detached, ReplayError, ReplaySummary, Sink};
 
 /// What `reputation --format json` prints.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,37 +113,17 @@ pub fn report_file(
         Mode::Off => cfg.with_reputation_mode(Mode::Shadow),
         _ => cfg.clone(),
     };
-    let file = open_input(input)?;
-    let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let decode = cfg.decode_options();
-    let mut progress = Progress::new("reputation", total_bytes);
-    let (summary, out) = std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
-        let decode = &decode;
-        let reader = spawn_reader(scope, BufReader::with_capacity(1 << 20, file), decode, tx)?;
-        let mut votes = 0u64;
-        let chunks = rx.into_iter().inspect(|c| {
-            if let Ok(c) = c {
-                votes += c.decoded.iter().filter(|d| d.is_ok()).count() as u64;
-                progress.update(c.lines.last().map_or(0, |l| l.2), c.bytes, votes);
-            }
-        });
-        let result = run_detached_then(
-            &run_cfg,
-            cfg.cache_bytes(),
-            chunks,
-            &mut Discard,
-            |_| (),
-            |e| {
-                e.seal_all();
-                report(cfg, e.tables())
-            },
-        );
-        join_thread(INPUT_READER, reader)?;
-        result
-    })
-    .map_err(|e| e.at_input(input))?;
-    progress.finish();
+    let (summary, out) = run_file_detached(
+        &run_cfg,
+        input,
+        "reputation",
+        &mut Discard,
+        |_| (),
+        |e| {
+            e.seal_all();
+            report(cfg, e.tables())
+        },
+    )?;
     Ok((out, summary))
 }
 
@@ -156,23 +132,14 @@ pub fn report_file(
 /// (the end of its input seals nothing).
 pub fn partition_deltas(cfg: &Config, input: &Path) -> Result<Vec<(TermsKey, Terms)>, ReplayError> {
     let shadow = cfg.with_reputation_mode(Mode::Shadow);
-    let file = open_input(input)?;
-    let decode = cfg.decode_options();
-    let (_, deltas) = std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
-        let reader = spawn_reader(scope, BufReader::with_capacity(1 << 20, file), &decode, tx)?;
-        let result = run_detached_then(
-            &shadow,
-            cfg.cache_bytes(),
-            rx.into_iter(),
-            &mut Discard,
-            Engine::share_tables,
-            |e| e.take_published().0,
-        );
-        join_thread(INPUT_READER, reader)?;
-        result
-    })
-    .map_err(|e| e.at_input(input))?;
+    let (_, deltas) = run_file_detached(
+        &shadow,
+        input,
+        "partition",
+        &mut Discard,
+        Engine::share_tables,
+        |e| e.take_published().0,
+    )?;
     Ok(deltas)
 }
 

@@ -385,6 +385,40 @@ pub(crate) fn run_detached_then<C: Borrow<Chunk>, K: Sink, T>(
     Ok((summary, then(&mut engine)))
 }
 
+/// Replays the file `input` on a fresh engine for `cfg` (a temporary
+/// store, every batch closed at the end) into `sink`, with progress on
+/// stderr as `what`: [`run_detached_then`] of its decoded chunks.
+pub(crate) fn run_file_detached<K: Sink, T>(
+    cfg: &Config,
+    input: &Path,
+    what: &'static str,
+    sink: &mut K,
+    prepare: impl FnOnce(&mut Engine),
+    then: impl FnOnce(&mut Engine) -> T,
+) -> Result<(ReplaySummary, T)> {
+    let file = open_input(input)?;
+    let total_bytes = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let decode = cfg.decode_options();
+    let mut progress = Progress::new(what, total_bytes);
+    let out = std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<std::io::Result<Chunk>>(8);
+        let reader = spawn_reader(scope, BufReader::with_capacity(1 << 20, file), &decode, tx)?;
+        let mut votes = 0u64;
+        let chunks = rx.into_iter().inspect(|c| {
+            if let Ok(c) = c {
+                votes += c.decoded.iter().filter(|d| d.is_ok()).count() as u64;
+                progress.update(c.lines.last().map_or(0, |l| l.2), c.bytes, votes);
+            }
+        });
+        let result = run_detached_then(cfg, cfg.cache_bytes(), chunks, sink, prepare, then);
+        join_thread(INPUT_READER, reader)?;
+        result
+    })
+    .map_err(|e| e.at_input(input))?;
+    progress.finish();
+    Ok(out)
+}
+
 /// An inconsistency the engine met (`Engine::take_inconsistency`) stops
 /// the replay with a fatal store error naming the series.
 fn checked(engine: &mut Engine, store: &Store) -> Result<()> {
