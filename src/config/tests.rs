@@ -463,3 +463,56 @@ fn file_errors_name_the_key_path_not_a_variable() {
     // The file's value, overridden by a valid variable, is no error.
     load("[scoring]\nlambda = -1\n", &env).unwrap();
 }
+
+#[test]
+fn reputation_defaults_ranges_and_the_epoch_rules() {
+    use crate::engine::reputation::Mode;
+    let c = load("", &[]).unwrap();
+    let r = &c.reputation;
+    assert_eq!(r.mode, Mode::Off);
+    assert_eq!(r.epoch_seconds, 86_400.0);
+    assert_eq!(r.prior_votes, 20.0);
+    assert_eq!(r.noise_floor, 0.03);
+    assert_eq!(r.min_weight, 0.2);
+    assert_eq!(r.max_weight, 3.0);
+    assert_eq!(r.topic, "jury.reputation");
+    assert_eq!(c.engine().reputation.epoch_ns, 86_400 * 1_000_000_000);
+    let c = load("", &[("JURYSTREAM_REPUTATION__MODE", "learned")]).unwrap();
+    assert_eq!(c.engine().reputation.mode, Mode::Learned);
+    for (file, key) in [
+        ("[reputation]\nmode = \"on\"", "reputation.mode"),
+        (
+            "[reputation]\nepoch_seconds = 0",
+            "reputation.epoch_seconds",
+        ),
+        (
+            "[reputation]\nepoch_seconds = 1e-10",
+            "reputation.epoch_seconds",
+        ),
+        ("[reputation]\nprior_votes = -1", "reputation.prior_votes"),
+        ("[reputation]\nnoise_floor = 0", "reputation.noise_floor"),
+        ("[reputation]\nmin_weight = 0", "reputation.min_weight"),
+        ("[reputation]\nmin_weight = 1.5", "reputation.min_weight"),
+        ("[reputation]\nmax_weight = 0.5", "reputation.max_weight"),
+        ("[reputation]\nmax_weight = inf", "reputation.max_weight"),
+        ("[reputation]\ntopic = \"\"", "reputation.topic"),
+        ("[reputation]\nbogus = 1", "reputation.bogus"),
+    ] {
+        let e = err(file, &[]);
+        assert!(e.contains(key), "{file}: {e}");
+    }
+    // The cross-key rules: only unless the mode is off, and the command
+    // checks them in every mode.
+    let odd = "[reputation]\nepoch_seconds = 90";
+    let c = load(odd, &[]).unwrap();
+    assert!(c
+        .check_epochs()
+        .unwrap_err()
+        .0
+        .contains("reputation.epoch_seconds"));
+    let e = err(odd, &[("JURYSTREAM_REPUTATION__MODE", "shadow")]);
+    assert!(e.contains("reputation.epoch_seconds"), "{e}");
+    let short = "[batching]\nwindow_seconds = 0\ngrace_seconds = 10\n[reputation]\nmode = \"learned\"\nepoch_seconds = 5";
+    assert!(err(short, &[]).contains("reputation.epoch_seconds"));
+    assert!(load("[batching]\nwindow_seconds = 0\ngrace_seconds = 0.5\n[reputation]\nmode = \"learned\"\nepoch_seconds = 0.5", &[]).is_ok());
+}

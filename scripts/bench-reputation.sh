@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# SPEC §14 cost (issue 40): `jurystream replay` of the benchmark file in
+# reputation.mode off, shadow and learned, turn about, best of ROUNDS, and
+# what the open epochs add to the state and to the peak RSS.
+#   scripts/bench-reputation.sh [VOTES]     (default 1000000)
+# EPOCH_SECONDS (default 3600: the 6-hour file spans 6 epochs, so tables
+# are built and used); ROUNDS (default 3); JURYSTREAM_BIN=PATH measures
+# that binary instead of building one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N="${1:-1000000}"
+ROUNDS="${ROUNDS:-3}"
+EPOCH="${EPOCH_SECONDS:-3600}"
+WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
+mkdir -p "$WORK"
+INPUT="$WORK/votes-$N.jsonl"
+[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
+TARGET="${CARGO_TARGET_DIR:-target}"
+BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
+for mode in off shadow learned; do
+    printf '[batching]\nwindow_seconds = 60\n[reputation]\nmode = "%s"\nepoch_seconds = %s\n' \
+        "$mode" "$EPOCH" > "$WORK/rep-$mode.toml"
+done
+cat "$INPUT" > /dev/null
+measure() { # label cmd...
+    local label="$1"; shift
+    /usr/bin/time -f "%e %U %S %M" -o "$WORK/time.txt" "$@" > "$WORK/$label.out" 2> "$WORK/$label.err"
+    read -r secs user sys kb < "$WORK/time.txt"
+    echo "$label $secs $(python3 -c "print($user + $sys)") $kb $(wc -l < "$WORK/$label.out")"
+}
+for i in $(seq "$ROUNDS"); do
+    for mode in off shadow learned; do
+        measure "$mode" "$BIN" replay --config "$WORK/rep-$mode.toml" --input "$INPUT"
+    done
+done | python3 -c '
+import sys
+rows = {}
+for line in sys.stdin:
+    label, secs, cpu, kb, events = line.split()
+    rows.setdefault(label, []).append((float(secs), float(cpu), int(kb), int(events)))
+off = min(r[0] for r in rows["off"])
+off_cpu = min(r[1] for r in rows["off"])
+for label, rs in rows.items():
+    best = min(r[0] for r in rs); cpu = min(r[1] for r in rs)
+    print(f"{label:8s} best of {len(rs)}: {best:.2f} s wall ({best / off:.3f} x off), "
+          f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off), peak RSS {max(r[2] for r in rs) / 1024:.0f} MiB, "
+          f"{rs[0][3]} events")
+'
+# The state the open epochs add: the file replayed into a state directory
+# with --keep-open (its batches and the last epochs stay open), default
+# day-long epochs so that nothing of the 6-hour file is sealed: every
+# (series, reviewer) value is held.
+for mode in off shadow; do
+    printf '[batching]\nwindow_seconds = 60\n[reputation]\nmode = "%s"\n' "$mode" > "$WORK/day-$mode.toml"
+    rm -rf "$WORK/state-$mode"
+    /usr/bin/time -f "%M" -o "$WORK/time.txt" "$BIN" replay --config "$WORK/day-$mode.toml" \
+        --input "$INPUT" --state-dir "$WORK/state-$mode" --keep-open > /dev/null 2>&1
+    echo "state ($mode, one open day): $(du -sm "$WORK/state-$mode" | cut -f1) MiB on disk, peak RSS $(( $(cat "$WORK/time.txt") / 1024 )) MiB"
+done
