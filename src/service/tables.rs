@@ -100,13 +100,20 @@ impl Session {
         for tp in tps {
             let part = self.parts.get_mut(&tp).ok_or_else(|| not_assigned(&tp))?;
             part.add_deltas(&fresh);
-            if !moved || part.pending_batches() == 0 {
+            if !moved {
                 continue;
             }
-            self.ensure_cycle()?;
+            // Every partition learns it (a batch closing later must not
+            // wait on an old value); one with waiting batches scores them
+            // in this cycle.
+            if part.pending_batches() > 0 {
+                self.ensure_cycle()?;
+            }
             let part = self.parts.get_mut(&tp).ok_or_else(|| not_assigned(&tp))?;
             part.set_group_sealed(sealed, &mut self.updates)?;
-            self.emit_updates(&tp, wall_clock())?;
+            if !self.updates.is_empty() {
+                self.emit_updates(&tp, wall_clock())?;
+            }
         }
         Ok(())
     }
