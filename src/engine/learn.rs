@@ -152,7 +152,13 @@ impl Engine {
         value: Option<f64>,
     ) {
         let epoch = self.cfg.reputation.epoch_of(start);
-        let slots = self.open_values.entry(epoch).or_default();
+        // Sized as the last sealed epoch was: an epoch's map grows from
+        // empty to its every series and reviewer otherwise, rehashing.
+        let capacity = self.open_capacity;
+        let slots = self
+            .open_values
+            .entry(epoch)
+            .or_insert_with(|| FxHashMap::with_capacity_and_hasher(capacity, Default::default()));
         let new = OpenValue { timestamp, value };
         let key = (series.clone(), voter.clone());
         let slot = match slots.get_mut(&key) {
@@ -167,7 +173,17 @@ impl Engine {
                 stored: false,
             }),
         };
-        if !std::mem::replace(&mut slot.dirty, true) {
+        if std::mem::replace(&mut slot.dirty, true) || self.open_scan {
+            return;
+        }
+        // Once a list of the dirty ones would hold more than one value in
+        // SCAN_WHEN_DIRTY (a replay's bulk write), the drain walks them all.
+        if self.dirty_open.len() >= 4096
+            && self.dirty_open.len() * SCAN_WHEN_DIRTY >= self.open_values()
+        {
+            self.dirty_open.clear();
+            self.open_scan = true;
+        } else {
             self.dirty_open.push((epoch, series.clone(), voter.clone()));
         }
     }
@@ -186,6 +202,7 @@ impl Engine {
             }
             let epoch = *entry.key();
             let slots = entry.remove();
+            self.open_capacity = slots.len();
             for ((series, voter), slot) in &slots {
                 if slot.stored {
                     self.deleted_open
@@ -326,6 +343,23 @@ impl Engine {
     }
 
     pub(super) fn drain_reputation(&mut self, sink: &mut impl FnMut(Change<'_>)) {
+        if !self.cfg.query_index {
+            // A temporary store (a replay without --state-dir): nothing
+            // reopens it, so the open values need not reach it.
+            self.dirty_open.clear();
+            self.open_scan = false;
+        }
+        if std::mem::take(&mut self.open_scan) {
+            for (&epoch, slots) in self.open_values.iter_mut() {
+                for ((series, voter), slot) in slots.iter_mut() {
+                    if std::mem::take(&mut slot.dirty) {
+                        slot.stored = true;
+                        let key = (epoch, series.clone(), voter.clone());
+                        sink(Change::OpenValue(&key, Some(&slot.value)));
+                    }
+                }
+            }
+        }
         for key in self.dirty_open.drain(..) {
             let (epoch, series, voter) = key;
             let Some(slots) = self.open_values.get_mut(&epoch) else {

@@ -92,7 +92,8 @@ pub struct EngineConfig {
     pub rubrics: HashMap<String, RubricParams>,
     /// Keep what the query API reads (SPEC §9): each series' voters and
     /// the partition's leaderboard rows. Off for a temporary replay state,
-    /// which nobody queries.
+    /// which nobody queries (nor reopens: SPEC §14's open values are not
+    /// written to it either).
     pub query_index: bool,
     /// Other decays whose scores every series also keeps (the backtest;
     /// empty otherwise): [`ScoreUpdate::companions`].
@@ -320,6 +321,10 @@ pub struct Engine {
     /// (modes `shadow` and `learned`; at most two epochs).
     open_values: BTreeMap<Epoch, FxHashMap<(SeriesKey, Id), OpenSlot>>,
     dirty_open: Vec<OpenKey>,
+    /// Too many open values are dirty for a list: the drain walks them.
+    open_scan: bool,
+    /// Values the last sealed epoch held (the next epoch's map is sized so).
+    open_capacity: usize,
     /// Values the store holds of epochs sealed since the last drain.
     deleted_open: Vec<OpenKey>,
     /// Deltas sealed since the last drain.
@@ -387,6 +392,8 @@ impl Engine {
             dirty_reviewers: Vec::new(),
             open_values: BTreeMap::new(),
             dirty_open: Vec::new(),
+            open_scan: false,
+            open_capacity: 0,
             deleted_open: Vec::new(),
             sealed: Vec::new(),
             tables: Tables::default(),

@@ -162,27 +162,36 @@ pub fn unit_terms(values: &[f64]) -> Option<Vec<Terms>> {
 pub fn seal<'a>(
     values: impl IntoIterator<Item = (&'a super::SeriesKey, &'a Id, &'a OpenValue)>,
 ) -> BTreeMap<(Id, Id), Terms> {
-    let mut rows: Vec<(&super::SeriesKey, &Id, f64)> = values
-        .into_iter()
-        .filter_map(|(s, v, o)| o.value.map(|x| (s, v, x)))
-        .collect();
-    rows.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    let mut out: BTreeMap<(Id, Id), Terms> = BTreeMap::new();
+    // Grouped by series with a hash (no order between series is needed),
+    // then each series' few values sorted by reviewer: a sort of every
+    // value by (series, reviewer) was most of a seal.
+    let mut units: FxHashMap<&super::SeriesKey, Vec<(&Id, f64)>> = FxHashMap::default();
+    for (s, v, o) in values {
+        if let Some(x) = o.value {
+            units.entry(s).or_default().push((v, x));
+        }
+    }
+    let mut sums: FxHashMap<(&Id, &Id), Terms> = FxHashMap::default();
     let mut values = Vec::new();
-    for unit in rows.chunk_by(|a, b| a.0 == b.0) {
+    for (series, mut unit) in units {
+        if unit.len() < 2 {
+            continue;
+        }
+        unit.sort_unstable_by(|a, b| a.0.cmp(b.0));
         values.clear();
-        values.extend(unit.iter().map(|r| r.2));
+        values.extend(unit.iter().map(|r| r.1));
         let Some(terms) = unit_terms(&values) else {
             continue;
         };
-        let rubric = &unit[0].0.voter_prompt_id;
-        for (r, t) in unit.iter().zip(terms) {
-            out.entry((rubric.clone(), r.1.clone()))
+        for ((voter, _), t) in unit.iter().zip(terms) {
+            sums.entry((&series.voter_prompt_id, voter))
                 .or_default()
                 .add(&t);
         }
     }
-    out
+    sums.into_iter()
+        .map(|((r, v), t)| ((r.clone(), v.clone()), t))
+        .collect()
 }
 
 /// One rubric's sums and what they give: τ², and each reviewer's σ̂² and
