@@ -110,12 +110,21 @@ pub const SOURCE: &str = "source";
 pub const RESULT: &str = "result";
 pub const ACTION: &str = "action";
 
+/// SPEC §14 (modes `shadow` and `learned` only): (e + 1)·E of the newest
+/// epoch each of this instance's partitions has sealed (Unix seconds).
+pub const REPUTATION_SEALED: &str = "jurystream_reputation_sealed_timestamp_seconds";
+/// (k* + 1)·E, k* the newest epoch every input partition has sealed: the
+/// newest table in use is T_{k*+2} (Unix seconds).
+pub const REPUTATION_TABLE: &str = "jurystream_reputation_table_timestamp_seconds";
+/// (series, epoch, reviewer) votes held for epochs not yet sealed.
+pub const REPUTATION_OPEN_VALUES: &str = "jurystream_reputation_open_values";
+/// Closed batches waiting at the barrier (`learned`).
+pub const REPUTATION_PENDING: &str = "jurystream_reputation_pending_batches";
+/// ω of each counted vote scored (`learned`), per rubric.
+pub const REPUTATION_WEIGHT: &str = "jurystream_reputation_weight";
+
 mod reputation;
 use reputation::ReputationMetrics;
-pub use reputation::{
-    OPEN_VALUES as REPUTATION_OPEN_VALUES, PENDING as REPUTATION_PENDING,
-    SEALED as REPUTATION_SEALED, TABLE as REPUTATION_TABLE, WEIGHT as REPUTATION_WEIGHT,
-};
 
 /// The label names (SPEC §8). No label ever carries an inference or voter id.
 pub const MODEL_ID: &str = "model_id";

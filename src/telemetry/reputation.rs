@@ -1,24 +1,16 @@
-//! SPEC §14's metrics, registered on `run`'s registry in modes `shadow`
-//! and `learned` only (no label carries a voter id).
+//! SPEC §14's metrics (named in `mod.rs` with the others), registered on
+//! `run`'s registry in modes `shadow` and `learned` only (no label carries
+//! a voter id).
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use super::{histogram, register, FloatGauge, HistogramFamily, PartitionLabel, Rubric};
-
-/// (e + 1)·E of the newest epoch each of this instance's partitions has
-/// sealed (Unix seconds).
-pub const SEALED: &str = "jurystream_reputation_sealed_timestamp_seconds";
-/// (k* + 1)·E, k* the newest epoch every input partition has sealed: the
-/// newest table in use is T_{k*+2} (Unix seconds).
-pub const TABLE: &str = "jurystream_reputation_table_timestamp_seconds";
-/// (series, epoch, reviewer) votes held for epochs not yet sealed.
-pub const OPEN_VALUES: &str = "jurystream_reputation_open_values";
-/// Closed batches waiting at the barrier (`learned`).
-pub const PENDING: &str = "jurystream_reputation_pending_batches";
-/// ω of each counted vote scored (`learned`), per rubric.
-pub const WEIGHT: &str = "jurystream_reputation_weight";
+use super::{
+    histogram, register, FloatGauge, HistogramFamily, PartitionLabel, Rubric,
+    REPUTATION_OPEN_VALUES as OPEN_VALUES, REPUTATION_PENDING as PENDING,
+    REPUTATION_SEALED as SEALED, REPUTATION_TABLE as TABLE, REPUTATION_WEIGHT as WEIGHT,
+};
 
 const WEIGHT_BUCKETS: &[f64] = &[0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0];
 
