@@ -8,7 +8,9 @@
 //! is not scanned again after every cycle.
 
 use super::agreement::reviewer_bytes;
+use super::learn::{note, Values};
 use super::memory::{block, id_block, slot};
+use super::reputation::{Epoch, OpenValue};
 use super::{vote_identity, Engine, SeriesKey, SeriesState};
 use crate::input::{Id, Vote};
 use crate::time::Nanos;
@@ -33,6 +35,8 @@ pub(super) struct SeriesEntry {
     pub open: smallvec::SmallVec<[u64; 2]>,
     /// Changed since the last drain.
     pub dirty: bool,
+    /// SPEC §14 open values (modes `shadow` and `learned`).
+    pub values: super::learn::Values,
     /// Tick of the last use (least recently used goes first).
     pub used: u64,
     /// The tick at which this series was created here, with nothing stored
@@ -220,11 +224,13 @@ impl Engine {
             return;
         }
         self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
+        let values = self.unpark(&key);
         self.series.insert(
             key,
             Box::new(SeriesEntry {
                 state,
                 open: smallvec::SmallVec::new(),
+                values,
                 dirty: false,
                 used: self.tick,
                 born: 0,
@@ -304,10 +310,12 @@ impl Engine {
             return;
         };
         let mut freed = 0;
+        let parked = &mut self.parked_values;
         self.series.retain(|k, e| {
             let keep = e.dirty || !e.open.is_empty() || e.used > cut;
             if !keep {
                 freed += series_bytes(&k.inference_id, &k.voter_prompt_id, &e.state);
+                super::learn::park(parked, k, std::mem::take(&mut e.values));
             }
             keep
         });
@@ -364,6 +372,7 @@ impl Engine {
         key: &SeriesKey,
         window_start: Nanos,
         model_id: Option<&str>,
+        value: Option<(Epoch, &Id, OpenValue)>,
     ) -> u64 {
         let tick = self.tick;
         let Some(e) = self.series.get_mut(key) else {
@@ -373,16 +382,22 @@ impl Engine {
             self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
             state.pending = 1;
             self.dirty_series.push(key.clone());
+            let mut values = Values::new();
+            let noted = value.map(|(k, voter, v)| (k, voter, note(&mut values, k, voter, v)));
             self.series.insert(
                 key.clone(),
                 Box::new(SeriesEntry {
                     state,
                     open: smallvec::smallvec![seq],
+                    values,
                     dirty: true,
                     used: tick,
                     born: tick,
                 }),
             );
+            if let Some((k, voter, n)) = noted {
+                self.noted(key, k, voter, n);
+            }
             return seq;
         };
         e.used = tick;
@@ -390,6 +405,7 @@ impl Engine {
         if !std::mem::replace(&mut e.dirty, true) {
             self.dirty_series.push(key.clone());
         }
+        let noted = value.map(|(k, voter, v)| (k, voter, note(&mut e.values, k, voter, v)));
         let batches = &self.batches;
         let found = e.open.iter().copied().find(|seq| {
             batches
@@ -402,18 +418,20 @@ impl Engine {
             e.open.push(seq);
             seq
         });
-        if e.state.model_id.is_some() || model_id.is_none() {
-            return seq;
+        if e.state.model_id.is_none() && model_id.is_some() {
+            let before = self
+                .cfg
+                .query_index
+                .then(|| super::board::placement(&key.voter_prompt_id, &e.state));
+            e.state.model_id = model_id.map(Into::into);
+            self.cache_bytes += e.state.model_id.as_ref().map_or(0, id_block);
+            if let Some(before) = before {
+                let after = super::board::placement(&key.voter_prompt_id, &e.state);
+                self.move_on_board(before, after);
+            }
         }
-        let before = self
-            .cfg
-            .query_index
-            .then(|| super::board::placement(&key.voter_prompt_id, &e.state));
-        e.state.model_id = model_id.map(Into::into);
-        self.cache_bytes += e.state.model_id.as_ref().map_or(0, id_block);
-        if let Some(before) = before {
-            let after = super::board::placement(&key.voter_prompt_id, &e.state);
-            self.move_on_board(before, after);
+        if let Some((k, voter, n)) = noted {
+            self.noted(key, k, voter, n);
         }
         seq
     }

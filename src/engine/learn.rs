@@ -15,6 +15,74 @@ pub(super) struct OpenSlot {
     stored: bool,
 }
 
+/// A cached series' open values: (epoch, reviewer, value).
+pub(super) type Values = Vec<(Epoch, Id, OpenSlot)>;
+
+/// A series' open values of one epoch: (reviewer, value).
+pub(super) type Unit = Vec<(Id, OpenSlot)>;
+
+/// What [`note`] did.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Noted {
+    /// A value for a reviewer the series had none of in the epoch.
+    added: bool,
+    /// The series' first value of the epoch.
+    first: bool,
+    /// A value was changed that was clean.
+    newly_dirty: bool,
+}
+
+/// Keeps `new` as `voter`'s value of `epoch` in a series' `values` if it
+/// is the latest (by timestamp; ties: this later arrival).
+pub(super) fn note(values: &mut Values, epoch: Epoch, voter: &Id, new: OpenValue) -> Noted {
+    let mut first = true;
+    for (k, v, slot) in values.iter_mut() {
+        if *k != epoch {
+            continue;
+        }
+        first = false;
+        if v != voter {
+            continue;
+        }
+        let newer = slot.value.timestamp <= new.timestamp;
+        if newer {
+            slot.value = new;
+        }
+        return Noted {
+            added: false,
+            first: false,
+            newly_dirty: newer && !std::mem::replace(&mut slot.dirty, true),
+        };
+    }
+    let slot = OpenSlot {
+        value: new,
+        dirty: true,
+        stored: false,
+    };
+    values.push((epoch, voter.clone(), slot));
+    Noted {
+        added: true,
+        first,
+        newly_dirty: true,
+    }
+}
+
+/// Moves an evicted series' open values to the parked ones.
+pub(super) fn park(
+    parked: &mut BTreeMap<Epoch, FxHashMap<SeriesKey, Unit>>,
+    series: &SeriesKey,
+    values: Values,
+) {
+    for (epoch, voter, slot) in values {
+        parked
+            .entry(epoch)
+            .or_default()
+            .entry(series.clone())
+            .or_default()
+            .push((voter, slot));
+    }
+}
+
 /// `run`'s view of the group (see `Engine::share_tables`): the newest
 /// epoch every input partition has sealed, once known.
 #[derive(Debug, Clone, Default)]
@@ -141,45 +209,26 @@ impl Engine {
         self.pending.len()
     }
 
-    /// Keeps `voter`'s vote as the series' value of its epoch if it is the
-    /// latest (by timestamp; ties: this later arrival).
-    pub(super) fn note_value(
-        &mut self,
-        series: &SeriesKey,
-        voter: &Id,
-        start: Nanos,
-        timestamp: Nanos,
-        value: Option<f64>,
-    ) {
-        let epoch = self.cfg.reputation.epoch_of(start);
-        // Sized as the last sealed epoch was: an epoch's map grows from
-        // empty to its every series and reviewer otherwise, rehashing.
-        let capacity = self.open_capacity;
-        let slots = self
-            .open_values
-            .entry(epoch)
-            .or_insert_with(|| FxHashMap::with_capacity_and_hasher(capacity, Default::default()));
-        let new = OpenValue { timestamp, value };
-        let key = (series.clone(), voter.clone());
-        let slot = match slots.get_mut(&key) {
-            Some(slot) if slot.value.timestamp > timestamp => return,
-            Some(slot) => {
-                slot.value = new;
-                slot
-            }
-            None => slots.entry(key).or_insert(OpenSlot {
-                value: new,
-                dirty: false,
-                stored: false,
-            }),
-        };
-        if std::mem::replace(&mut slot.dirty, true) || self.open_scan {
+    /// Counts what [`note`] did to `series`' values, and lists a value
+    /// that became dirty (not for a temporary store, which nothing reads).
+    pub(super) fn noted(&mut self, series: &SeriesKey, epoch: Epoch, voter: &Id, n: Noted) {
+        if n.added {
+            self.open_count += 1;
+            self.open_epochs.insert(epoch);
+        }
+        if n.first {
+            self.open_series
+                .entry(epoch)
+                .or_default()
+                .push(series.clone());
+        }
+        if !n.newly_dirty || self.open_scan || !self.cfg.query_index {
             return;
         }
         // Once a list of the dirty ones would hold more than one value in
         // SCAN_WHEN_DIRTY (a replay's bulk write), the drain walks them all.
         if self.dirty_open.len() >= 4096
-            && self.dirty_open.len() * SCAN_WHEN_DIRTY >= self.open_values()
+            && self.dirty_open.len() * SCAN_WHEN_DIRTY >= self.open_count
         {
             self.dirty_open.clear();
             self.open_scan = true;
@@ -188,29 +237,63 @@ impl Engine {
         }
     }
 
+    /// The open values parked for `series`, now that it is cached again.
+    pub(super) fn unpark(&mut self, series: &SeriesKey) -> Values {
+        let mut values = Values::new();
+        for (&epoch, units) in self.parked_values.iter_mut() {
+            if let Some(unit) = units.remove(series) {
+                values.extend(unit.into_iter().map(|(v, slot)| (epoch, v, slot)));
+                self.open_series
+                    .entry(epoch)
+                    .or_default()
+                    .push(series.clone());
+            }
+        }
+        values
+    }
+
     /// Seals every open epoch the watermark `wm` has passed: its units
     /// become this partition's deltas (and enter its tables), its values
     /// go. Then folds what no batch can need apart any more, going by the
     /// watermark `before` this advance (the batches it closes are still to
     /// score).
     pub(super) fn seal_through(&mut self, wm: Nanos, before: Option<Nanos>) {
-        let p = &self.cfg.reputation;
-        let through = p.sealed_by(wm);
-        while let Some(entry) = self.open_values.first_entry() {
-            if *entry.key() > through {
+        let through = self.cfg.reputation.sealed_by(wm);
+        if self.open_epochs.first().is_some_and(|&k| k <= through) {
+            self.seal_epochs(through);
+        }
+        if let Some(before) = before {
+            self.fold_before(before);
+        }
+    }
+
+    /// Seals the open epochs up to `through`: their values, parked and
+    /// in the cached series.
+    fn seal_epochs(&mut self, through: Epoch) {
+        let mut unit = Unit::new();
+        while let Some(epoch) = self.open_epochs.pop_first() {
+            if epoch > through {
+                self.open_epochs.insert(epoch);
                 break;
             }
-            let epoch = *entry.key();
-            let slots = entry.remove();
-            self.open_capacity = slots.len();
-            for ((series, voter), slot) in &slots {
-                if slot.stored {
-                    self.deleted_open
-                        .push((epoch, series.clone(), voter.clone()));
+            let mut sealer = reputation::Sealer::default();
+            for series in self.open_series.remove(&epoch).unwrap_or_default() {
+                // Evicted since (its values are parked), or listed twice.
+                let Some(e) = self.series.get_mut(&series) else {
+                    continue;
+                };
+                unit.clear();
+                let values = e.values.extract_if(.., |(k, ..)| *k == epoch);
+                unit.extend(values.map(|(_, voter, slot)| (voter, slot)));
+                if e.values.is_empty() {
+                    e.values = Values::new();
                 }
+                self.seal_unit(epoch, &series, &unit, &mut sealer);
             }
-            let terms = reputation::seal(slots.iter().map(|((s, v), o)| (s, v, &o.value)));
-            for ((rubric, voter), t) in terms {
+            for (series, unit) in self.parked_values.remove(&epoch).unwrap_or_default() {
+                self.seal_unit(epoch, &series, &unit, &mut sealer);
+            }
+            for ((rubric, voter), t) in sealer.finish() {
                 let key = (rubric, epoch, voter);
                 match &mut self.shared {
                     None => self.tables.add(&key.0, epoch, &key.2, &t),
@@ -219,9 +302,26 @@ impl Engine {
                 self.sealed.push((key, t));
             }
         }
-        if let Some(before) = before {
-            self.fold_before(before);
+    }
+
+    /// A series' values of a sealed epoch go: into the seal, and from the
+    /// store if it holds them.
+    fn seal_unit(
+        &mut self,
+        epoch: Epoch,
+        series: &SeriesKey,
+        unit: &Unit,
+        sealer: &mut reputation::Sealer,
+    ) {
+        self.open_count -= unit.len();
+        for (voter, slot) in unit {
+            if slot.stored {
+                self.deleted_open
+                    .push((epoch, series.clone(), voter.clone()));
+            }
         }
+        let values = unit.iter().map(|(v, slot)| (v, slot.value.value));
+        sealer.add(&series.voter_prompt_id, values);
     }
 
     /// Folds the epochs no batch open under the watermark `wm` needs
@@ -257,7 +357,7 @@ impl Engine {
 
     /// Seals every open epoch (the `reputation` command's end of input).
     pub fn seal_all(&mut self) {
-        if let Some((&last, _)) = self.open_values.last_key_value() {
+        if let Some(&last) = self.open_epochs.last() {
             let wm = self.cfg.reputation.start_of(last + 1);
             self.seal_through(wm, None);
         }
@@ -279,7 +379,7 @@ impl Engine {
 
     /// Open values held (SPEC §8 `jurystream_reputation_open_values`).
     pub fn open_values(&self) -> usize {
-        self.open_values.values().map(|s| s.len()).sum()
+        self.open_count
     }
 
     /// Adds what a store holds: the open values, the sealed deltas and the
@@ -329,10 +429,17 @@ impl Engine {
                 dirty: false,
                 stored: true,
             };
-            self.open_values
-                .entry(epoch)
-                .or_default()
-                .insert((series, voter), slot);
+            self.open_count += 1;
+            self.open_epochs.insert(epoch);
+            match self.series.get_mut(&series) {
+                Some(e) => {
+                    if !e.values.iter().any(|(k, ..)| *k == epoch) {
+                        self.open_series.entry(epoch).or_default().push(series);
+                    }
+                    e.values.push((epoch, voter, slot));
+                }
+                None => park(&mut self.parked_values, &series, vec![(epoch, voter, slot)]),
+            }
         }
         for ((rubric, epoch, voter), t) in deltas {
             self.tables.add(&rubric, epoch, &voter, &t);
@@ -350,30 +457,44 @@ impl Engine {
             self.open_scan = false;
         }
         if std::mem::take(&mut self.open_scan) {
-            for (&epoch, slots) in self.open_values.iter_mut() {
-                for ((series, voter), slot) in slots.iter_mut() {
-                    if std::mem::take(&mut slot.dirty) {
-                        slot.stored = true;
-                        let key = (epoch, series.clone(), voter.clone());
-                        sink(Change::OpenValue(&key, Some(&slot.value)));
-                    }
+            let cached = self.series.iter_mut().flat_map(|(series, e)| {
+                e.values
+                    .iter_mut()
+                    .map(move |(epoch, voter, slot)| (*epoch, series, &*voter, slot))
+            });
+            let parked = self.parked_values.iter_mut().flat_map(|(&epoch, units)| {
+                units.iter_mut().flat_map(move |(series, unit)| {
+                    unit.iter_mut()
+                        .map(move |(voter, slot)| (epoch, series, &*voter, slot))
+                })
+            });
+            for (epoch, series, voter, slot) in cached.chain(parked) {
+                if std::mem::take(&mut slot.dirty) {
+                    slot.stored = true;
+                    let key = (epoch, series.clone(), voter.clone());
+                    sink(Change::OpenValue(&key, Some(&slot.value)));
                 }
             }
         }
         for key in self.dirty_open.drain(..) {
-            let (epoch, series, voter) = key;
-            let Some(slots) = self.open_values.get_mut(&epoch) else {
-                continue;
+            let (epoch, series, voter) = &key;
+            let slot = match self.series.get_mut(series) {
+                Some(e) => e
+                    .values
+                    .iter_mut()
+                    .find(|(k, v, _)| k == epoch && v == voter)
+                    .map(|(.., slot)| slot),
+                None => self
+                    .parked_values
+                    .get_mut(epoch)
+                    .and_then(|units| units.get_mut(series))
+                    .and_then(|unit| unit.iter_mut().find(|(v, _)| v == voter))
+                    .map(|(_, slot)| slot),
             };
-            let k = (series, voter);
-            if let Some(slot) = slots.get_mut(&k) {
+            if let Some(slot) = slot {
                 slot.dirty = false;
                 slot.stored = true;
-                let (series, voter) = k;
-                sink(Change::OpenValue(
-                    &(epoch, series, voter),
-                    Some(&slot.value),
-                ));
+                sink(Change::OpenValue(&key, Some(&slot.value)));
             }
         }
         for key in self.deleted_open.drain(..) {

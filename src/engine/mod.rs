@@ -33,7 +33,7 @@ use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
 use agreement::{ReviewerKey, ReviewerStats, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
 use cache::{IdKey, IdentityEntry, SeriesEntry};
-use learn::{OpenSlot, PendingSlot, Shared};
+use learn::{PendingSlot, Shared};
 use reputation::{Epoch, OpenKey, OpenValue, ReputationParams, Tables, Terms, TermsKey};
 use score::{Aggregator, TimeUnit};
 
@@ -318,13 +318,20 @@ pub struct Engine {
     reviewers: FxHashMap<ReviewerKey, agreement::ReviewerEntry>,
     dirty_reviewers: Vec<ReviewerKey>,
     /// SPEC §14: each open epoch's latest vote per series and reviewer
-    /// (modes `shadow` and `learned`; at most two epochs).
-    open_values: BTreeMap<Epoch, FxHashMap<(SeriesKey, Id), OpenSlot>>,
+    /// (modes `shadow` and `learned`) is kept in the series' cache entry
+    /// (a vote finds it with its series), and here while the series is
+    /// not cached (evicted, or restored without it).
+    parked_values: BTreeMap<Epoch, FxHashMap<SeriesKey, learn::Unit>>,
+    /// The cached series with values of each open epoch (some may have
+    /// been evicted since, or be listed twice: the seal skips them).
+    open_series: BTreeMap<Epoch, Vec<SeriesKey>>,
+    /// The epochs any open value has (at most a few).
+    open_epochs: std::collections::BTreeSet<Epoch>,
+    /// Open values held, cached and parked.
+    open_count: usize,
     dirty_open: Vec<OpenKey>,
     /// Too many open values are dirty for a list: the drain walks them.
     open_scan: bool,
-    /// Values the last sealed epoch held (the next epoch's map is sized so).
-    open_capacity: usize,
     /// Values the store holds of epochs sealed since the last drain.
     deleted_open: Vec<OpenKey>,
     /// Deltas sealed since the last drain.
@@ -390,10 +397,12 @@ impl Engine {
             dirty_agreement: Vec::new(),
             reviewers: FxHashMap::default(),
             dirty_reviewers: Vec::new(),
-            open_values: BTreeMap::new(),
+            parked_values: BTreeMap::new(),
+            open_series: BTreeMap::new(),
+            open_epochs: Default::default(),
+            open_count: 0,
             dirty_open: Vec::new(),
             open_scan: false,
-            open_capacity: 0,
             deleted_open: Vec::new(),
             sealed: Vec::new(),
             tables: Tables::default(),
@@ -556,7 +565,15 @@ impl Engine {
             voter_prompt_id: vote.voter_prompt_id.clone(),
         };
         // A new batch's seq is new: it is not among the batches yet.
-        let seq = self.accept_into_series(&skey, start, vote.model_id.as_deref());
+        let value = self.cfg.reputation.collects().then(|| {
+            let epoch = self.cfg.reputation.epoch_of(start);
+            let v = OpenValue {
+                timestamp: vote.timestamp,
+                value: vote.value,
+            };
+            (epoch, &vote.voter_id, v)
+        });
+        let seq = self.accept_into_series(&skey, start, vote.model_id.as_deref(), value);
         let batch = match self.batches.get_mut(&seq) {
             Some(open) => &mut open.batch,
             None => {
@@ -612,9 +629,6 @@ impl Engine {
             self.cache_bytes += cache::voter_bytes(&skey, &vote.voter_id);
             self.dirty_voters
                 .push((skey.clone(), vote.voter_id.clone()));
-        }
-        if self.cfg.reputation.collects() {
-            self.note_value(&skey, &vote.voter_id, start, vote.timestamp, vote.value);
         }
         // (6) watermark.
         self.advance_to(vote.timestamp - self.cfg.grace_ns);

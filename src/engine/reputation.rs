@@ -156,42 +156,73 @@ pub fn unit_terms(values: &[f64]) -> Option<Vec<Terms>> {
     )
 }
 
-/// Seals one epoch's open values (any order): each unit's terms, added per
-/// (rubric, reviewer). Abstentions are dropped; a series' values are
-/// taken in `voter_id` byte order.
+/// A [`Sealer`] given values one by one (tests).
+#[cfg(test)]
 pub fn seal<'a>(
     values: impl IntoIterator<Item = (&'a super::SeriesKey, &'a Id, &'a OpenValue)>,
 ) -> BTreeMap<(Id, Id), Terms> {
-    // Grouped by series with a hash (no order between series is needed),
-    // then each series' few values sorted by reviewer: a sort of every
-    // value by (series, reviewer) was most of a seal.
-    let mut units: FxHashMap<&super::SeriesKey, Vec<(&Id, f64)>> = FxHashMap::default();
+    let mut units: FxHashMap<&super::SeriesKey, Vec<(&Id, Option<f64>)>> = FxHashMap::default();
     for (s, v, o) in values {
-        if let Some(x) = o.value {
-            units.entry(s).or_default().push((v, x));
-        }
+        units.entry(s).or_default().push((v, o.value));
     }
-    let mut sums: FxHashMap<(&Id, &Id), Terms> = FxHashMap::default();
-    let mut values = Vec::new();
-    for (series, mut unit) in units {
-        if unit.len() < 2 {
-            continue;
+    let mut sealer = Sealer::default();
+    for (series, unit) in units {
+        sealer.add(&series.voter_prompt_id, unit);
+    }
+    sealer.finish()
+}
+
+/// Seals one epoch, given its units one by one (each series' reviewers
+/// and values, None an abstention, in any order): each unit's terms,
+/// added per (rubric, reviewer). Abstentions are dropped; a unit's values
+/// are taken in `voter_id` byte order.
+#[derive(Debug, Default)]
+pub struct Sealer {
+    sums: FxHashMap<Id, FxHashMap<Id, Terms>>,
+    unit: Vec<(Id, f64)>,
+    values: Vec<f64>,
+}
+
+impl Sealer {
+    /// Adds a unit of `rubric`.
+    pub fn add<'a>(
+        &mut self,
+        rubric: &Id,
+        members: impl IntoIterator<Item = (&'a Id, Option<f64>)>,
+    ) {
+        self.unit.clear();
+        self.unit.extend(
+            members
+                .into_iter()
+                .filter_map(|(v, x)| x.map(|x| (v.clone(), x))),
+        );
+        if self.unit.len() < 2 {
+            return;
         }
-        unit.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        values.clear();
-        values.extend(unit.iter().map(|r| r.1));
-        let Some(terms) = unit_terms(&values) else {
-            continue;
+        self.unit.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self.values.clear();
+        self.values.extend(self.unit.iter().map(|r| r.1));
+        let Some(terms) = unit_terms(&self.values) else {
+            return;
         };
-        for ((voter, _), t) in unit.iter().zip(terms) {
-            sums.entry((&series.voter_prompt_id, voter))
-                .or_default()
-                .add(&t);
+        let sums = self.sums.entry(rubric.clone()).or_default();
+        for ((voter, _), t) in self.unit.iter().zip(terms) {
+            match sums.get_mut(voter) {
+                Some(sum) => sum.add(&t),
+                None => {
+                    sums.insert(voter.clone(), t);
+                }
+            }
         }
     }
-    sums.into_iter()
-        .map(|((r, v), t)| ((r.clone(), v.clone()), t))
-        .collect()
+
+    /// The epoch's deltas, by (rubric, reviewer).
+    pub fn finish(self) -> BTreeMap<(Id, Id), Terms> {
+        self.sums
+            .into_iter()
+            .flat_map(|(r, voters)| voters.into_iter().map(move |(v, t)| ((r.clone(), v), t)))
+            .collect()
+    }
 }
 
 /// One rubric's sums and what they give: τ², and each reviewer's σ̂² and
