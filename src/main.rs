@@ -666,6 +666,7 @@ fn query(a: QueryArgs) -> Outcome {
 
 fn main() -> ExitCode {
     allocator::tune_allocator();
+    jurystream::telemetry::count_panics();
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Run(_) | Command::Connect(_)) {
         init_logging(false);

@@ -115,9 +115,10 @@ impl Drop for LabelStudio {
 }
 
 /// `jurystream connect` on `port`.
+/// Its stderr goes to `connect-PID.log` in the test's directory (to read
+/// when a test fails; no test reads it).
 struct Connect {
     child: Child,
-    log: PathBuf,
 }
 
 impl Connect {
@@ -141,7 +142,7 @@ impl Connect {
         wait_for("connect's /readyz", Duration::from_secs(60), || {
             (http(port, "/readyz").map(|r| r.0) == Some(200)).then_some(())
         });
-        Connect { child, log }
+        Connect { child }
     }
 
     fn stop(&mut self) {
@@ -369,7 +370,9 @@ max_annotations = 10
         0.0,
         "the personal access token works for the sync"
     );
-    assert!(!std::fs::read_to_string(&connect.log)
-        .unwrap_or_default()
-        .contains("panicked"),);
+    let (_, metrics) = http(hook_port, "/metrics").expect("/metrics");
+    assert!(
+        metrics.contains("\njurystream_panics_total 0\n"),
+        "no panic in connect: {metrics}"
+    );
 }

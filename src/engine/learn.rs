@@ -18,6 +18,9 @@ pub(super) struct OpenSlot {
 /// A cached series' open values: (epoch, reviewer, value).
 pub(super) type Values = Vec<(Epoch, Id, OpenSlot)>;
 
+/// The values a series' first one makes room for.
+const UNIT_CAPACITY: usize = 6;
+
 /// A series' open values of one epoch: (reviewer, value).
 pub(super) type Unit = Vec<(Id, OpenSlot)>;
 
@@ -59,6 +62,10 @@ pub(super) fn note(values: &mut Values, epoch: Epoch, voter: &Id, new: OpenValue
         dirty: true,
         stored: false,
     };
+    if values.capacity() == 0 {
+        // A unit has a few reviewers: one allocation for most series.
+        values.reserve_exact(UNIT_CAPACITY);
+    }
     values.push((epoch, voter.clone(), slot));
     Noted {
         added: true,
@@ -214,9 +221,10 @@ impl Engine {
     pub(super) fn noted(&mut self, series: &SeriesKey, epoch: Epoch, voter: &Id, n: Noted) {
         if n.added {
             self.open_count += 1;
-            self.open_epochs.insert(epoch);
         }
         if n.first {
+            // (A series' later values of the epoch find it there.)
+            self.open_epochs.insert(epoch);
             self.open_series
                 .entry(epoch)
                 .or_default()

@@ -52,6 +52,9 @@ pub const CONSUMER_LAG: &str = "jurystream_consumer_lag_messages";
 pub const COMMIT_DURATION: &str = "jurystream_commit_duration_seconds";
 pub const RESTORE_DURATION: &str = "jurystream_state_restore_duration_seconds";
 pub const BUILD_INFO: &str = "jurystream_build_info";
+/// Panics in any thread of the process (`run` and `connect`): each is a
+/// bug, counted so that tests and alerts need no log.
+pub const PANICS: &str = "jurystream_panics_total";
 /// Changelog records the restores of this process applied.
 pub const RESTORED_RECORDS: &str = "jurystream_state_restored_records_total";
 /// Consumer group rebalances of this process, by `event` (`assigned`,
@@ -231,8 +234,30 @@ fn histogram(buckets: &[f64]) -> Histogram {
     Histogram::new(buckets.iter().copied())
 }
 
-/// `jurystream_build_info{version="…"} 1`.
+/// The process's panics ([`PANICS`]): counted by the hook
+/// [`count_panics`] installs, exported by every registry.
+static PANIC_COUNT: std::sync::LazyLock<Counter> = std::sync::LazyLock::new(Counter::default);
+
+/// Counts every panic of the process in [`PANICS`], then reports it as
+/// the hook installed before did.
+pub fn count_panics() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        PANIC_COUNT.inc();
+        report(info);
+    }));
+}
+
+/// `jurystream_build_info{version="…"} 1`, and [`PANICS`]: what every
+/// registry of the process exports.
 fn build_info(registry: &mut Registry) {
+    register(
+        registry,
+        PANICS,
+        "Panics in any thread of the process (each is a bug)",
+        PANIC_COUNT.clone(),
+        true,
+    );
     let info = Family::<VersionLabel, Gauge>::default();
     info.get_or_create(&VersionLabel {
         version: env!("CARGO_PKG_VERSION"),
