@@ -254,7 +254,7 @@ fn build_info(registry: &mut Registry) {
     register(
         registry,
         PANICS,
-        "Panics in any thread of the process (each is a bug)",
+        "Panics in any thread of the process (each is a bug).",
         PANIC_COUNT.clone(),
         true,
     );
