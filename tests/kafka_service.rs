@@ -1502,3 +1502,69 @@ fn a_reconcile_reading_a_long_output_tail_keeps_the_member_in_the_group() {
         log_tail(&d)
     );
 }
+
+/// SPEC §2 (v4): only accepted votes are activity. One vote, then the same
+/// record again every 500 ms (as `connect`'s sync resends delivered votes)
+/// into the otherwise quiet partition: the vote's batch still closes by
+/// the idle flush, `idle_flush_seconds` after the vote (+ a poll), while
+/// the duplicates flow. (Before v4 every duplicate restarted the idle
+/// time and the batch stayed open for as long as they came.)
+#[test]
+fn duplicates_do_not_hold_a_quiet_partition_open() {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "idledups", 1, "at_least_once", "");
+    let text = std::fs::read_to_string(&setup.config).unwrap().replace(
+        "idle_flush_seconds = 2",
+        "window_seconds = 1\ngrace_seconds = 0\nidle_flush_seconds = 3",
+    );
+    std::fs::write(&setup.config, text).unwrap();
+    create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    let svc = Service::start(&setup, "a");
+    wait_for("the partition ready", Duration::from_secs(60), || {
+        (svc.ready_partitions().len() == 1).then_some(())
+    });
+    let vote = setup.dir.path().join("vote.jsonl");
+    let now = jurystream::time::format_timestamp(jurystream::time::wall_clock());
+    std::fs::write(
+        &vote,
+        format!(
+            r#"{{"inference_id":"idle-1","voter_id":"r1","voter_prompt_id":"quality","vote":"pass","timestamp":"{now}","vote_id":"v-idle-1"}}"#
+        ) + "\n",
+    )
+    .unwrap();
+    let sent = Instant::now();
+    setup.publish(&vote);
+    let scores = vec![setup.scores.clone()];
+    let mut duplicates = 0;
+    let closed = loop {
+        let elapsed = sent.elapsed();
+        let scored = read_records(&setup.bootstrap, &scores)
+            .iter()
+            .any(|r| r.value["batch"]["vote_ids"][0] == "v-idle-1");
+        if scored {
+            break elapsed;
+        }
+        assert!(
+            elapsed < Duration::from_secs(30),
+            "no score update {elapsed:?} after the vote, {duplicates} duplicates later\n{}",
+            log_tail(&svc)
+        );
+        setup.publish(&vote);
+        duplicates += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    // The idle time (3 s) after the vote's window (1 s) closed, one poll
+    // and the commit cycle; before v4 it never closed while duplicates came.
+    assert!(
+        closed < Duration::from_secs(10),
+        "the batch closed {closed:?} after the vote"
+    );
+    let dup = svc
+        .metric("jurystream_votes_duplicate_total")
+        .unwrap_or(0.0);
+    assert!(dup >= 2.0, "duplicates reached run meanwhile: {dup}");
+    eprintln!("closed {closed:?} after the vote, with {duplicates} duplicates sent meanwhile");
+}

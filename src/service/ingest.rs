@@ -15,13 +15,14 @@ use crate::input::{check_future_skew, decode_vote, dlq_payload, Rejection};
 use crate::output::{score_update_events, vote_rejected_json, Route, Source};
 use crate::time::{format_timestamp, wall_clock, Nanos};
 
-/// Partitions whose last record is at least `idle` before `now`.
+/// Partitions whose last accepted vote (or idle flush, or restore) is at
+/// least `idle` before `now`.
 pub fn idle_due<'a>(
-    last_record: impl Iterator<Item = (&'a Tp, Instant)>,
+    last_accepted: impl Iterator<Item = (&'a Tp, Instant)>,
     now: Instant,
     idle: Duration,
 ) -> Vec<Tp> {
-    let mut due: Vec<Tp> = last_record
+    let mut due: Vec<Tp> = last_accepted
         .filter(|(_, at)| now.saturating_duration_since(*at) >= idle)
         .map(|(tp, _)| tp.clone())
         .collect();
@@ -153,13 +154,14 @@ impl Session {
         self.emit(tp, Route::Dlq, key, text.into_bytes())
     }
 
-    /// Live mode's idle flush: a partition quiet for
-    /// `batching.idle_flush_seconds` moves its watermark to now − grace.
+    /// Live mode's idle flush: a partition that accepted no vote for
+    /// `batching.idle_flush_seconds` (SPEC §2 v4: duplicates and rejected
+    /// records are no activity) moves its watermark to now − grace.
     pub fn idle_flush(&mut self) -> Result<()> {
         let idle = Duration::from_secs_f64(self.cfg.batching.idle_flush_seconds);
         let grace = crate::config::seconds_to_ns(self.cfg.batching.grace_seconds);
         let due = idle_due(
-            self.parts.iter().map(|(tp, p)| (tp, p.last_record())),
+            self.parts.iter().map(|(tp, p)| (tp, p.last_accepted())),
             Instant::now(),
             idle,
         );

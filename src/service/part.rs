@@ -37,7 +37,7 @@ pub struct Part {
     /// Shared with the query API (`crate::api::Holdings`).
     store: Arc<Store>,
     engine: Engine,
-    last_record: Instant,
+    last_accepted: Instant,
     /// Changelog records of the open cycle, applied to RocksDB after commit.
     pending: Vec<Record>,
     /// The last cycle marker written or restored.
@@ -61,7 +61,7 @@ impl Part {
         Part {
             store: Arc::new(store),
             engine,
-            last_record: Instant::now(),
+            last_accepted: Instant::now(),
             pending: Vec::new(),
             next_offset: marker.next_offset,
             marker,
@@ -92,13 +92,13 @@ impl Part {
         self.next_offset
     }
 
-    pub fn last_record(&self) -> Instant {
-        self.last_record
+    pub fn last_accepted(&self) -> Instant {
+        self.last_accepted
     }
 
     /// Counts the partition as active now (a restore kept it from polling).
     pub fn touch(&mut self) {
-        self.last_record = Instant::now();
+        self.last_accepted = Instant::now();
     }
 
     /// Takes input `offset` into the open cycle; `false` when the state
@@ -118,7 +118,6 @@ impl Part {
             tracing::debug!(topic = %tp.0, partition = tp.1, offset, expected = self.next_offset,
                 "input offsets skip ahead");
         }
-        self.last_record = Instant::now();
         self.next_offset = offset + 1;
         self.dirty = true;
         true
@@ -137,6 +136,11 @@ impl Part {
             self.store.provide(&mut self.engine, &[wants])?;
         }
         let outcome = self.engine.process_with_identity(vote, identity, updates);
+        if outcome == Outcome::Accepted {
+            // SPEC §2 (v4): only an accepted vote is activity; duplicates
+            // (a sync resending delivered votes) must not hold batches open.
+            self.last_accepted = Instant::now();
+        }
         self.check()?;
         Ok(outcome)
     }
@@ -179,7 +183,7 @@ impl Part {
         to: Nanos,
         updates: &mut Vec<ScoreUpdate>,
     ) -> std::result::Result<(), StoreError> {
-        self.last_record = Instant::now();
+        self.last_accepted = Instant::now();
         self.engine.advance_watermark(to, updates);
         self.check()
     }
