@@ -12,6 +12,24 @@ use rdkafka::ClientContext;
 
 use crate::config::Config;
 
+/// The record header that says where a vote came from (SPEC §12 v4):
+/// `connect` sets it to `api`, `webhook` or `sync`.
+pub const SOURCE_HEADER: &str = "jurystream-source";
+
+/// A vote's `source` label in `jurystream_votes_accepted_total` (SPEC §8):
+/// its [`SOURCE_HEADER`] if that is one `connect` sets, `kafka` without
+/// one, `other` for any other value (a label value never comes from the
+/// data).
+pub fn vote_source(header: Option<&[u8]>) -> &'static str {
+    match header {
+        None => "kafka",
+        Some(b"api") => "api",
+        Some(b"webhook") => "webhook",
+        Some(b"sync") => "sync",
+        Some(_) => "other",
+    }
+}
+
 /// Librdkafka settings shared by every client: brokers, then the user's
 /// pass-through properties (they win).
 pub fn client_config(cfg: &Config) -> ClientConfig {

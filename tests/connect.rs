@@ -229,6 +229,17 @@ fn votes_are_answered_by_index_and_reach_run_exactly() {
         assert!(metrics.contains(&line), "{line} not in\n{metrics}");
     }
     assert_eq!(connect.panics(), 0.0);
+    // Every vote carried `jurystream-source: api` to run (SPEC §12).
+    let by = |source: &str| {
+        svc.metric(&format!(
+            "jurystream_votes_accepted_total{{source=\"{source}\"}}"
+        ))
+        .unwrap_or_else(|| panic!("no accepted votes series for source {source}"))
+    };
+    assert!(by("api") > 50.0, "{}", by("api"));
+    for other in ["kafka", "webhook", "sync", "other"] {
+        assert_eq!(by(other), 0.0, "{other}");
+    }
 }
 
 /// With the broker stopped a request is answered 503 (JSON, Retry-After)

@@ -114,7 +114,7 @@ async fn votes(State(s): State<Arc<Intake>>, headers: HeaderMap, body: Bytes) ->
         .iter()
         .map(|v| (v.key.as_str(), v.bytes))
         .collect();
-    let sent = s.producer.send_all(&pairs).await;
+    let sent = s.producer.send_all(Source::Api, &pairs).await;
     if let Err(e) = sent {
         s.metrics.votes(Source::Api, VoteResult::Failed, n);
         return unavailable(&crate::error::chain(&e));
@@ -167,7 +167,7 @@ async fn label_studio(State(s): State<Arc<Intake>>, body: Bytes) -> Response {
         .iter()
         .map(|v| (v.key.as_str(), v.json.as_bytes()))
         .collect();
-    let sent = s.producer.send_all(&pairs).await;
+    let sent = s.producer.send_all(Source::Webhook, &pairs).await;
     if let Err(e) = sent {
         s.metrics.votes(Source::Webhook, VoteResult::Failed, n);
         return unavailable(&crate::error::chain(&e));

@@ -6,11 +6,14 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 
 use super::error::ConnectError;
 use crate::config::Config;
+use crate::kafka::SOURCE_HEADER;
+use crate::telemetry::connect::Source;
 
 pub struct Producer {
     /// Replaced after a failed request ([`Producer::renew`]).
@@ -104,9 +107,14 @@ impl Producer {
 
     /// Sends every `(key, payload)` (an empty key: none) and waits for all
     /// acknowledgements, within `connect.produce_timeout_ms` in all.
-    pub async fn send_all(&self, votes: &[(&str, &[u8])]) -> Result<(), ConnectError> {
+    /// Each record carries [`SOURCE_HEADER`] = `source` (SPEC §12).
+    pub async fn send_all(
+        &self,
+        source: Source,
+        votes: &[(&str, &[u8])],
+    ) -> Result<(), ConnectError> {
         let producer = self.current();
-        let result = self.send_with(&producer, votes).await;
+        let result = self.send_with(&producer, source, votes).await;
         if result.is_err() {
             self.renew(&producer);
         }
@@ -116,12 +124,19 @@ impl Producer {
     async fn send_with(
         &self,
         producer: &FutureProducer,
+        source: Source,
         votes: &[(&str, &[u8])],
     ) -> Result<(), ConnectError> {
         let deadline = Instant::now() + self.timeout;
         let mut pending = Vec::with_capacity(votes.len());
         for &(key, payload) in votes {
-            let mut record = FutureRecord::<str, [u8]>::to(&self.topic).payload(payload);
+            let header = Header {
+                key: SOURCE_HEADER,
+                value: Some(source.as_str()),
+            };
+            let mut record = FutureRecord::<str, [u8]>::to(&self.topic)
+                .payload(payload)
+                .headers(OwnedHeaders::new().insert(header));
             if !key.is_empty() {
                 record = record.key(key);
             }

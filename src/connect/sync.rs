@@ -198,7 +198,7 @@ impl Syncer {
                         .iter()
                         .map(|v| (v.key.as_str(), v.json.as_bytes()))
                         .collect();
-                    let result = rt.block_on(producer.send_all(&pairs));
+                    let result = rt.block_on(producer.send_all(Source::Sync, &pairs));
                     if let Err(e) = result {
                         metrics.votes(Source::Sync, VoteResult::Failed, votes.len() as u64);
                         return Err(e);

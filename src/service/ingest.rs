@@ -32,12 +32,15 @@ pub fn idle_due<'a>(
 
 impl Session {
     /// One input record through the engine.
+    /// `source`: the record's `source` label (SPEC §12,
+    /// [`crate::kafka::vote_source`]).
     pub fn handle(
         &mut self,
         tp: &Tp,
         offset: i64,
         key: Option<&[u8]>,
         payload: Option<&[u8]>,
+        source: &'static str,
     ) -> Result<()> {
         if !self.part_mut(tp)?.take_offset(tp, offset) {
             return Ok(());
@@ -51,7 +54,11 @@ impl Session {
             Err(r) => Some(r),
             Ok(vote) => {
                 let part = self.parts.get_mut(tp).ok_or_else(|| not_assigned(tp))?;
-                match part.process(&vote, &mut self.updates)? {
+                let outcome = part.process(&vote, &mut self.updates)?;
+                if outcome == Outcome::Accepted {
+                    self.metrics.vote_accepted(source);
+                }
+                match outcome {
                     Outcome::Accepted if self.updates.is_empty() => None,
                     Outcome::Accepted => {
                         self.emit_updates(tp, now)?;

@@ -295,7 +295,8 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
                 }
                 tp.1 = m.partition();
                 if s.parts.contains_key(&tp) {
-                    s.handle(&tp, m.offset(), m.key(), m.payload())?;
+                    let source = crate::kafka::vote_source(source_header(&m));
+                    s.handle(&tp, m.offset(), m.key(), m.payload(), source)?;
                 } else {
                     // Fetched before its pause took effect: read again
                     // from here (or the state's offset) once restored.
@@ -314,6 +315,15 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         }
     }
     Ok(())
+}
+
+/// The record's `jurystream-source` header (SPEC §12), if any.
+fn source_header<'a>(m: &'a impl Message) -> Option<&'a [u8]> {
+    use rdkafka::message::Headers;
+    m.headers()?
+        .iter()
+        .find(|h| h.key == crate::kafka::SOURCE_HEADER)
+        .and_then(|h| h.value)
 }
 
 #[cfg(test)]

@@ -197,6 +197,16 @@ struct ReasonLabel {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: &'static str,
+}
+
+/// The `source` values of [`VOTES_ACCEPTED`] (SPEC §8, §12 v4): `kafka`
+/// (no `jurystream-source` header), `api`, `webhook`, `sync`, `other` (a
+/// header `connect` never sets); see [`crate::kafka::vote_source`].
+pub const VOTE_SOURCES: [&str; 5] = ["kafka", "api", "webhook", "sync", "other"];
+
 /// `event` of [`REBALANCES`].
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EventLabel {
@@ -414,7 +424,9 @@ pub struct Metrics {
     /// SPEC §14 (`shadow` and `learned` only).
     reputation: Option<ReputationMetrics>,
     ready: AtomicBool,
-    accepted: Counter,
+    /// [`VOTES_ACCEPTED`] by source, in [`VOTE_SOURCES`] order (counted per
+    /// vote by the service, which reads the header).
+    accepted: [Counter; 5],
     duplicate: Counter,
     superseded: Counter,
     abstentions: Counter,
@@ -465,12 +477,14 @@ impl Metrics {
     pub fn with_reputation(max_label_values: usize, reputation: bool) -> std::sync::Arc<Metrics> {
         let mut registry = Registry::default();
         let r = &mut registry;
-        let accepted = Counter::default();
+        let by_source = Family::<SourceLabel, Counter>::default();
+        let accepted =
+            VOTE_SOURCES.map(|source| by_source.get_or_create(&SourceLabel { source }).clone());
         register(
             r,
             VOTES_ACCEPTED,
-            "Votes accepted into a batch.",
-            accepted.clone(),
+            "Votes accepted into a batch, by where they came from.",
+            by_source,
             true,
         );
         let duplicate = Counter::default();
@@ -782,6 +796,13 @@ impl Metrics {
     }
 
     /// A rejection (any reason, `late` included).
+    /// A vote accepted at step (4), by its `source` (one of
+    /// [`VOTE_SOURCES`]; anything else counts as `other`).
+    pub fn vote_accepted(&self, source: &str) {
+        let i = VOTE_SOURCES.iter().position(|s| *s == source).unwrap_or(4);
+        self.accepted[i].inc();
+    }
+
     pub fn rejected(&self, reason: crate::input::Reason) {
         self.rejected
             .get_or_create(&ReasonLabel {
@@ -790,8 +811,9 @@ impl Metrics {
             .inc();
     }
 
-    /// Folds a partition engine's counters in (accepted, duplicates,
-    /// superseded, abstentions); call after each processed record or cycle.
+    /// Folds a partition engine's counters in (duplicates, superseded,
+    /// abstentions; accepted votes are counted by [`Metrics::vote_accepted`]);
+    /// call after each processed record or cycle.
     pub fn engine_counters(
         &self,
         partition: &str,
@@ -802,8 +824,6 @@ impl Metrics {
     ) {
         let mut g = lock(&self.partitions);
         let prev = g.folded.get(partition).copied().unwrap_or_default();
-        self.accepted
-            .inc_by(c.accepted.saturating_sub(prev.accepted));
         self.duplicate
             .inc_by(c.duplicates.saturating_sub(prev.duplicates));
         self.superseded

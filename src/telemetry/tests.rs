@@ -116,7 +116,7 @@ fn sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
 
 /// Every SPEC §8 metric: name, type, labels (besides `le`).
 const SPEC: &[(&str, &str, &[&str])] = &[
-    (VOTES_ACCEPTED, "counter", &[]),
+    (VOTES_ACCEPTED, "counter", &["source"]),
     (VOTES_DUPLICATE, "counter", &[]),
     (VOTES_SUPERSEDED, "counter", &[]),
     (VOTES_REJECTED, "counter", &[REASON]),
@@ -163,6 +163,9 @@ fn exposition_has_every_spec_metric() {
         Some(1_700_000_000_000_000_000),
     );
     m.engine_counters("votes-1", &Counters::default(), 3, 100, Some(0));
+    for source in ["kafka", "webhook", "sync", "kafka"] {
+        m.vote_accepted(source);
+    }
     m.consumer_lag("votes", 0, 7);
     m.commit_duration(0.02);
     m.restore_duration(1.5);
@@ -264,7 +267,8 @@ fn exposition_has_every_spec_metric() {
         .map(|r| r.as_str())
         .collect();
     assert_eq!(reasons, all);
-    assert_eq!(samples[VOTES_ACCEPTED][0].1, 3.0);
+    let accepted: f64 = samples[VOTES_ACCEPTED].iter().map(|(_, v)| v).sum();
+    assert_eq!(accepted, 4.0, "the four votes counted by source");
     assert_eq!(samples[ABSTENTIONS][0].1, 1.0);
     assert_eq!(samples[OPEN_BATCHES][0].1, 5.0, "sum over partitions");
     assert_eq!(samples[CACHE_BYTES][0].1, 150.0, "sum over partitions");
@@ -283,24 +287,43 @@ fn exposition_has_every_spec_metric() {
     assert!(text.contains("partition=\"votes-1\""), "{text}");
     assert!(!text.contains(CONSUMER_LAG), "{text}");
     assert!(text.contains("jurystream_open_batches 3\n"), "{text}");
-    assert!(
-        text.contains("jurystream_votes_accepted_total 3\n"),
-        "{text}"
-    );
+    for line in [
+        "jurystream_votes_accepted_total{source=\"kafka\"} 2\n",
+        "jurystream_votes_accepted_total{source=\"webhook\"} 1\n",
+        "jurystream_votes_accepted_total{source=\"api\"} 0\n",
+    ] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
 }
 
 #[test]
 fn engine_counters_fold_deltas() {
     let m = Metrics::new(10);
     let mut c = Counters {
-        accepted: 5,
+        duplicates: 5,
         ..Default::default()
     };
     m.engine_counters("p", &c, 0, 0, None);
-    c.accepted = 7;
+    c.duplicates = 7;
     m.engine_counters("p", &c, 0, 0, None);
     m.engine_counters("q", &c, 0, 0, None);
-    assert!(m.render().contains("jurystream_votes_accepted_total 14\n"));
+    assert!(m.render().contains("jurystream_votes_duplicate_total 14\n"));
+}
+
+/// A vote's source label: its header when `connect` sets that value,
+/// `kafka` without one, `other` otherwise (never a value from the data).
+#[test]
+fn votes_accepted_are_counted_by_source() {
+    use crate::kafka::vote_source;
+    let m = Metrics::new(10);
+    for h in [None, Some(&b"sync"[..]), Some(b"api"), Some(b"sync"), Some(b"evil\"}")] {
+        m.vote_accepted(vote_source(h));
+    }
+    let text = m.render();
+    for (source, n) in [("kafka", 1), ("api", 1), ("webhook", 0), ("sync", 2), ("other", 1)] {
+        let line = format!("jurystream_votes_accepted_total{{source=\"{source}\"}} {n}\n");
+        assert!(text.contains(&line), "{line} in {text}");
+    }
 }
 
 /// The partitions an instance holds, ready or restoring, replace the last
