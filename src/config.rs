@@ -253,6 +253,9 @@ pub struct Connect {
     pub token: String,
     pub max_body_bytes: i64,
     pub produce_timeout_ms: i64,
+    /// After SIGTERM: seconds of serving with `/readyz` 503 before the
+    /// requests in progress are finished and the process exits.
+    pub drain_seconds: f64,
 }
 
 /// Label Studio, for `connect` (SPEC §12).

@@ -470,8 +470,11 @@ fn run(a: RunArgs) -> Outcome {
 }
 
 fn connect(a: ConnectArgs) -> Outcome {
+    // The drain, then a request in progress waiting on the broker.
     let cfg = start_service(a.config, a.log_format, |c| {
-        Duration::from_millis(c.connect.produce_timeout_ms as u64) + Duration::from_secs(5)
+        Duration::from_secs_f64(c.connect.drain_seconds)
+            + Duration::from_millis(c.connect.produce_timeout_ms as u64)
+            + Duration::from_secs(10)
     })?;
     match jurystream::connect::run(cfg, &STOP) {
         // The user's (an address, a property librdkafka rejects): exit

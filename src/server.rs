@@ -194,6 +194,25 @@ async fn not_found(uri: axum::http::Uri) -> Response {
         .into_response()
 }
 
+/// A running server: its bound address, and a way to stop it that lets
+/// the requests in progress finish. Dropping it leaves the server running
+/// (until the process exits).
+pub struct Serving {
+    pub addr: SocketAddr,
+    stop: tokio::sync::watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Serving {
+    /// Stops accepting connections, lets every request already received
+    /// finish (each connection closes after its answer; idle ones at
+    /// once), and returns once they have, or after the request timeout.
+    pub fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.thread.join();
+    }
+}
+
 /// Serves [`router`] on `addr` from a background thread. Binds before it
 /// returns (a bind error is returned) and answers the bound address (port 0
 /// picks one). Usable from synchronous code.
@@ -201,7 +220,7 @@ pub fn serve(
     addr: SocketAddr,
     metrics: Arc<dyn Exposition>,
     extra: Router,
-) -> std::io::Result<SocketAddr> {
+) -> std::io::Result<Serving> {
     serve_with(addr, metrics, extra, Limits::default())
 }
 
@@ -211,7 +230,7 @@ pub fn serve_with(
     metrics: Arc<dyn Exposition>,
     extra: Router,
     limits: Limits,
-) -> std::io::Result<SocketAddr> {
+) -> std::io::Result<Serving> {
     let listener = std::net::TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
     listener.set_nonblocking(true)?;
@@ -233,13 +252,30 @@ pub fn serve_with(
         tokio::net::TcpListener::from_std(listener)?
     };
     let app = router(AppState { metrics }, extra, limits);
-    std::thread::Builder::new()
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let thread = std::thread::Builder::new()
         .name("metrics-http".into())
-        .spawn(move || rt.block_on(accept_loop(listener, app, limits.request_timeout)))?;
-    Ok(bound)
+        .spawn(move || rt.block_on(accept_loop(listener, app, limits.request_timeout, stopped)))?;
+    Ok(Serving {
+        addr: bound,
+        stop,
+        thread,
+    })
 }
 
-async fn accept_loop(listener: tokio::net::TcpListener, app: Router, request_timeout: Duration) {
+/// Resolves once `stop` says true (never if its sender is dropped).
+async fn stopping(stop: &mut tokio::sync::watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    request_timeout: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -247,10 +283,18 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, request_tim
         .max_header_size(MAX_HEADER_BYTES)
         .max_headers(MAX_HEADERS);
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
+        let slot = tokio::select! {
+            _ = stopping(&mut stop) => break,
+            slot = slots.clone().acquire_owned() => slot,
+        };
+        let Ok(slot) = slot else {
             return; // never closed
         };
-        let stream = match listener.accept().await {
+        let accepted = tokio::select! {
+            _ = stopping(&mut stop) => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
             Ok((stream, _)) => stream,
             Err(e) => {
                 // Out of file descriptors and the like: wait, do not spin.
@@ -261,18 +305,26 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, request_tim
         };
         let conn =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let mut stop = stop.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let mut conn = std::pin::pin!(conn);
-            if tokio::time::timeout(CONNECTION_MAX_AGE, conn.as_mut())
-                .await
-                .is_err()
-            {
+            // Closed after CONNECTION_MAX_AGE, or when the server stops:
+            // the request in progress (if any) is answered first.
+            let done = tokio::select! {
+                r = tokio::time::timeout(CONNECTION_MAX_AGE, conn.as_mut()) => r.is_ok(),
+                _ = stopping(&mut stop) => false,
+            };
+            if !done {
                 conn.as_mut().graceful_shutdown();
                 let _ = tokio::time::timeout(request_timeout, conn).await;
             }
         });
     }
+    // Stopping: no new connection; wait for those open to finish.
+    drop(listener);
+    let all = MAX_CONNECTIONS as u32;
+    let _ = tokio::time::timeout(request_timeout, slots.acquire_many(all)).await;
 }
 
 #[cfg(test)]
@@ -307,7 +359,9 @@ mod tests {
     #[test]
     fn routes_limits_and_the_server_keeps_answering() {
         let m = Metrics::new(10);
-        let addr = serve("127.0.0.1:0".parse().unwrap(), m.clone(), Router::new()).unwrap();
+        let addr = serve("127.0.0.1:0".parse().unwrap(), m.clone(), Router::new())
+            .unwrap()
+            .addr;
         assert_eq!(get(addr, "/healthz"), 200);
         assert_eq!(get(addr, "/readyz"), 503);
         m.set_ready(true);
@@ -393,7 +447,8 @@ mod tests {
             Router::new().route("/echo", axum::routing::post(length)),
             limits,
         )
-        .unwrap();
+        .unwrap()
+        .addr;
         for size in [MAX_HEADER_BYTES + 1024, 3 << 20] {
             let mut s = TcpStream::connect(addr).unwrap();
             s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -424,7 +479,8 @@ mod tests {
             Metrics::new(10),
             Router::new(),
         )
-        .unwrap();
+        .unwrap()
+        .addr;
         // MAX_CONNECTIONS idle connections hold every slot.
         let idle: Vec<TcpStream> = (0..MAX_CONNECTIONS)
             .map(|_| TcpStream::connect(addr).unwrap())

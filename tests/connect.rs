@@ -335,3 +335,52 @@ fn connect_answers_as_its_openapi_document_says() {
     schemathesis(schema.to_str().unwrap(), &base, &["-H", &auth]);
     assert_eq!(connect.panics(), 0.0);
 }
+
+/// SPEC §12 (v4): told to stop (SIGTERM), connect answers `/readyz` 503
+/// at once, keeps serving votes for `connect.drain_seconds`, then exits
+/// with status 0.
+#[test]
+fn sigterm_answers_503_serves_the_drain_then_exits() {
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "drain", 1, "at_least_once", "");
+    create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    let valid = valid_votes(&setup, 20, 11);
+    let mut connect = Connect::start(
+        &setup.config,
+        setup.dir.path(),
+        &[
+            ("JURYSTREAM_CONNECT__TOKEN", TOKEN),
+            ("JURYSTREAM_CONNECT__DRAIN_SECONDS", "4"),
+        ],
+    );
+    let port = connect.port;
+    let told = std::time::Instant::now();
+    unsafe {
+        libc::kill(connect.child.id() as i32, libc::SIGTERM);
+    }
+    wait_for("/readyz 503 after SIGTERM", Duration::from_secs(3), || {
+        (request(port, "GET", "/readyz", &[], b"").map(|r| r.0) == Some(503)).then_some(())
+    });
+    // Out of rotation, still serving: a vote is produced.
+    assert_eq!(
+        request(port, "GET", "/healthz", &[], b"").map(|r| r.0),
+        Some(200)
+    );
+    let (code, answer) = post_votes(port, "application/json", valid[0].as_bytes());
+    assert_eq!((code, answer["accepted"].as_u64()), (200, Some(1)), "{answer}");
+    assert!(
+        connect.child.try_wait().unwrap().is_none(),
+        "connect exited before its drain ended"
+    );
+    let status = wait_for("connect to exit", Duration::from_secs(30), || {
+        connect.child.try_wait().unwrap()
+    });
+    assert!(status.success(), "{status:?}");
+    assert!(
+        told.elapsed() >= Duration::from_secs(4),
+        "exited {:?} after SIGTERM, before the drain ended",
+        told.elapsed()
+    );
+}

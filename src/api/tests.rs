@@ -319,6 +319,7 @@ mod served {
             routes(api),
         )
         .unwrap()
+        .addr
     }
 
     /// The extractors' refusals are the API's JSON errors (the rejection

@@ -193,6 +193,7 @@ impl Sections {
             1,
             MAX_MILLIS,
         )?;
+        seconds("connect.drain_seconds", c.drain_seconds)?;
         let l = &self.label_studio;
         if !l.url.is_empty() {
             let ok = ["http://", "https://"].iter().any(|scheme| {

@@ -73,8 +73,9 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         request_timeout: produce_timeout + Duration::from_secs(30),
         workers: 2,
     };
-    let bound = serve_with(addr, metrics.clone(), http::routes(intake.clone()), limits)
+    let server = serve_with(addr, metrics.clone(), http::routes(intake.clone()), limits)
         .map_err(|source| ConnectError::Listen { addr, source })?;
+    let bound = server.addr;
     tracing::info!(%bound, topic = intake.producer.topic(), token = intake.token.is_some(),
         "connect: serving POST /v1/votes, POST /hooks/label-studio, /metrics, /healthz, /readyz");
 
@@ -139,7 +140,17 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         }
         Ok(())
     })?;
+    // SPEC §12 (v4): out of rotation first, then serve on for the drain
+    // time (a load balancer's health check notices the 503 meanwhile),
+    // then finish every request received.
     metrics.set_ready(false);
+    let drain = Duration::from_secs_f64(cfg.connect.drain_seconds);
+    tracing::info!(
+        drain_seconds = cfg.connect.drain_seconds,
+        "connect: draining (/readyz answers 503)"
+    );
+    std::thread::sleep(drain);
+    server.shutdown();
     intake.producer.flush();
     tracing::info!("connect: stopped");
     Ok(())

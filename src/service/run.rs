@@ -66,7 +66,8 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<()> {
         Duration::from_millis(cfg.api.peer_timeout_ms as u64),
     );
     let bound = crate::server::serve(addr, metrics.clone(), crate::api::http::routes(api))
-        .map_err(|e| ServiceError::listen("metrics.listen", addr, e))?;
+        .map_err(|e| ServiceError::listen("metrics.listen", addr, e))?
+        .addr;
     tracing::info!(%bound, peers = cfg.api.peers.len(), token = !cfg.api.token.is_empty(),
         "serving /metrics, /healthz, /readyz and the query API /v1/");
     if cfg.kafka.delivery == Delivery::ExactlyOnceOutbox {

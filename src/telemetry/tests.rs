@@ -316,11 +316,23 @@ fn engine_counters_fold_deltas() {
 fn votes_accepted_are_counted_by_source() {
     use crate::kafka::vote_source;
     let m = Metrics::new(10);
-    for h in [None, Some(&b"sync"[..]), Some(b"api"), Some(b"sync"), Some(b"evil\"}")] {
+    for h in [
+        None,
+        Some(&b"sync"[..]),
+        Some(b"api"),
+        Some(b"sync"),
+        Some(b"evil\"}"),
+    ] {
         m.vote_accepted(vote_source(h));
     }
     let text = m.render();
-    for (source, n) in [("kafka", 1), ("api", 1), ("webhook", 0), ("sync", 2), ("other", 1)] {
+    for (source, n) in [
+        ("kafka", 1),
+        ("api", 1),
+        ("webhook", 0),
+        ("sync", 2),
+        ("other", 1),
+    ] {
         let line = format!("jurystream_votes_accepted_total{{source=\"{source}\"}} {n}\n");
         assert!(text.contains(&line), "{line} in {text}");
     }
