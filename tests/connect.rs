@@ -369,7 +369,11 @@ fn sigterm_answers_503_serves_the_drain_then_exits() {
         Some(200)
     );
     let (code, answer) = post_votes(port, "application/json", valid[0].as_bytes());
-    assert_eq!((code, answer["accepted"].as_u64()), (200, Some(1)), "{answer}");
+    assert_eq!(
+        (code, answer["accepted"].as_u64()),
+        (200, Some(1)),
+        "{answer}"
+    );
     assert!(
         connect.child.try_wait().unwrap().is_none(),
         "connect exited before its drain ended"

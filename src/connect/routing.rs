@@ -29,6 +29,21 @@ pub fn new_overlap(overlap: u64, total: u64, extra: u64, max: u64) -> Option<u64
     (want > total).then_some(want)
 }
 
+/// The annotations Label Studio counts towards a task's `overlap`: under
+/// the project's "ignore skipped" setting (`skip_queue`
+/// `IGNORE_SKIPPED`) a skipped annotation completes the task like any
+/// other, so skips count; under the requeue settings they do not
+/// (`total_annotations` is the task's annotations less its skipped
+/// ones, `cancelled_annotations`).
+pub fn counted_annotations(task: &Value, skip_queue: Option<&str>) -> u64 {
+    let total = task["total_annotations"].as_u64().unwrap_or(0);
+    let skipped = task["cancelled_annotations"].as_u64().unwrap_or(0);
+    match skip_queue {
+        Some("IGNORE_SKIPPED") => total + skipped,
+        _ => total,
+    }
+}
+
 /// The (project, annotation) of every Label Studio vote of a flag event,
 /// deduplicated; empty for any other event.
 pub fn flag_annotations(event: &Value) -> Vec<(i64, i64)> {
@@ -89,7 +104,16 @@ impl Router {
                 Err(CallError::Other(e)) => return Err(e),
             };
             let overlap = t["overlap"].as_u64().unwrap_or(1);
-            let total = t["total_annotations"].as_u64().unwrap_or(0);
+            // Skips count as Label Studio counts them for this project.
+            let skip_queue = match t["project"].as_i64() {
+                Some(p) => match self.client.get(&format!("/api/projects/{p}/")) {
+                    Ok(project) => project["skip_queue"].as_str().map(str::to_owned),
+                    Err(CallError::NotFound) => None,
+                    Err(CallError::Other(e)) => return Err(e),
+                },
+                None => None,
+            };
+            let total = counted_annotations(&t, skip_queue.as_deref());
             let Some(want) = new_overlap(overlap, total, self.extra, self.max) else {
                 if outcome == Routing::TaskMissing {
                     outcome = Routing::AtCap;
@@ -210,6 +234,24 @@ mod tests {
         // Applied twice (a redelivered flag) never goes past the cap.
         let once = new_overlap(3, 3, 2, 5).unwrap();
         assert_eq!(new_overlap(once, 3, 2, 5), Some(5));
+    }
+
+    /// A task with three reviews and one skip: under "ignore skipped" the
+    /// skip completes the task like a review (four count), so two more
+    /// reviews need overlap 6; under the requeue settings three count.
+    #[test]
+    fn skips_count_as_label_studio_counts_them() {
+        let task = serde_json::json!({
+            "overlap": 4, "total_annotations": 3, "cancelled_annotations": 1
+        });
+        let ignore = counted_annotations(&task, Some("IGNORE_SKIPPED"));
+        assert_eq!(ignore, 4);
+        assert_eq!(new_overlap(4, ignore, 2, 10), Some(6));
+        for requeue in [Some("REQUEUE_FOR_OTHERS"), Some("REQUEUE_FOR_ME"), None] {
+            let counted = counted_annotations(&task, requeue);
+            assert_eq!(counted, 3, "{requeue:?}");
+            assert_eq!(new_overlap(4, counted, 2, 10), Some(5), "{requeue:?}");
+        }
     }
 
     #[test]
