@@ -305,7 +305,7 @@ for name, dep in cdeps.items():
     sync = cenv.get("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS", {}).get(
         "value", str(cconf.get("label_studio", {}).get("sync_interval_seconds", 60)))
     if name == "jurystream-connect":
-        # Never the sync, never the routing: those belong to the one pod below.
+        # Never the sync, never the routing: those belong to the pods below.
         if sync != "0":
             err("Deployment jurystream-connect: must set JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS=0")
         if cenv.get("JURYSTREAM_LABEL_STUDIO__EXTRA_REVIEWS", {}).get("value") != "0":
@@ -313,10 +313,11 @@ for name, dep in cdeps.items():
         if (dspec.get("replicas") or 1) < 2:
             err("Deployment jurystream-connect: at least 2 replicas")
     if name == "jurystream-connect-label-studio":
-        if dspec.get("replicas") != 1:
-            err("Deployment jurystream-connect-label-studio: exactly 1 replica (the only one that syncs)")
-        if dspec.get("strategy", {}).get("type") != "Recreate":
-            err("Deployment jurystream-connect-label-studio: strategy Recreate (never two syncing pods)")
+        if (dspec.get("replicas") or 1) < 2:
+            err("Deployment jurystream-connect-label-studio: at least 2 replicas (Label Studio never retries a webhook)")
+        strategy = dspec.get("strategy", {})
+        if strategy.get("type") != "RollingUpdate" or strategy.get("rollingUpdate", {}).get("maxUnavailable") != 0:
+            err("Deployment jurystream-connect-label-studio: RollingUpdate with maxUnavailable 0 (a webhook pod serves throughout a rollout)")
         if sync == "0":
             err("Deployment jurystream-connect-label-studio: must sync")
         if "JURYSTREAM_LABEL_STUDIO__TOKEN" not in cenv:
@@ -338,9 +339,11 @@ for i, a in enumerate(names):
         sa = cdeps[a].get("spec", {}).get("selector", {}).get("matchLabels", {})
         if sel_matches(sa, pod_sets[b]):
             err(f"Deployments {a} and {b} have overlapping selectors")
-if [d for d, labels in pod_sets.items()
-        if sel_matches(cpdb.get("spec", {}).get("selector", {}).get("matchLabels", {}), labels)] != ["jurystream-connect"]:
-    err("connect PodDisruptionBudget must select the pods of Deployment jurystream-connect only")
+if sorted(d for d, labels in pod_sets.items()
+        if sel_matches(cpdb.get("spec", {}).get("selector", {}).get("matchLabels", {}), labels)) != sorted(CONNECT_DEPLOYMENTS):
+    err("connect PodDisruptionBudget must select the pods of both connect Deployments")
+if cpdb.get("spec", {}).get("maxUnavailable") != 1:
+    err("connect PodDisruptionBudget: maxUnavailable 1 (one connect pod down at a time)")
 if cpm.get("apiVersion") != "monitoring.coreos.com/v1":
     err("connect PodMonitor apiVersion must be monitoring.coreos.com/v1")
 cpms = cpm.get("spec", {})

@@ -377,7 +377,6 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
         // jurystream connect (SPEC §12)
         "jurystream_connect_votes_total",
         "jurystream_connect_routing_total",
-        "jurystream_connect_sync_missed_votes_total",
         "jurystream_connect_sync_runs_total",
         "jurystream_connect_last_sync_timestamp_seconds",
     ] {
@@ -909,13 +908,16 @@ fn connect_alerts() {
     );
     assert_eq!(for_of(&body), "15m");
 
-    // Lost webhooks: the increase over 30 minutes, for an hour.
-    let (expr, body) = rule("JurystreamConnectSyncFindsMissedVotes");
+    // Lost webhooks: votes only the sync delivered, cluster-wide (run's
+    // count by source), over 30 minutes, for an hour.
+    let (expr, body) = rule("JurystreamWebhooksLost");
     has(
-        "JurystreamConnectSyncFindsMissedVotes",
+        "JurystreamWebhooksLost",
         &expr,
         &[
-            "increase(jurystream_connect_sync_missed_votes_total[30m])",
+            "increase(jurystream_votes_accepted_total{",
+            "source=\"sync\"",
+            "[30m])",
             "> 0",
         ],
     );
@@ -1017,7 +1019,10 @@ fn connect_dashboard_row() {
         ][..],
         &["sum by (action)", "rate(jurystream_connect_webhooks_total["],
         &["increase(jurystream_connect_sync_runs_total["],
-        &["increase(jurystream_connect_sync_missed_votes_total["],
+        &[
+            "increase(jurystream_votes_accepted_total{",
+            "source=\"sync\"",
+        ],
         &["jurystream_connect_last_sync_timestamp_seconds"],
         &["sum by (result)", "rate(jurystream_connect_routing_total["],
         &[
@@ -1223,11 +1228,20 @@ fn k8s_connect_manifests() {
                 "{name}: must not route"
             );
         } else {
-            assert_eq!(replicas, "1", "{name}: the one instance that syncs");
+            assert!(
+                replicas.parse::<u32>().is_ok_and(|r| r >= 2),
+                "{name}: replicas {replicas} (Label Studio never retries a webhook)"
+            );
+            let strategy = yaml_block(doc, "strategy");
             assert_eq!(
-                yaml_value(&yaml_block(doc, "strategy"), "type").as_deref(),
-                Some("Recreate"),
-                "{name}: never two syncing pods during a rollout"
+                yaml_value(&strategy, "type").as_deref(),
+                Some("RollingUpdate"),
+                "{name}: a webhook pod serves throughout a rollout"
+            );
+            assert_eq!(
+                yaml_value(&strategy, "maxUnavailable").as_deref(),
+                Some("0"),
+                "{name}: a webhook pod serves throughout a rollout"
             );
             assert_eq!(sync, None, "{name}: syncs at the ConfigMap's interval");
             assert!(

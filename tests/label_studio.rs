@@ -185,6 +185,36 @@ fn counter(port: u16, series: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The `jurystream-source` header of every input message, by vote id, in
+/// offset order (SPEC §12 v4).
+fn input_sources(setup: &Setup) -> std::collections::BTreeMap<String, Vec<String>> {
+    use rdkafka::message::{Headers, Message};
+    let mut out: Vec<(String, String)> = Vec::new();
+    read_all(
+        &setup.bootstrap,
+        std::slice::from_ref(&setup.input_topic),
+        &mut out,
+        |out, m| {
+            let vote: Value = serde_json::from_slice(m.payload().unwrap_or(b"null")).unwrap();
+            let source = m
+                .headers()
+                .and_then(|h| h.iter().find(|x| x.key == "jurystream-source"))
+                .and_then(|x| x.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            out.push((
+                vote["vote_id"].as_str().unwrap_or_default().to_owned(),
+                source,
+            ));
+        },
+    );
+    let mut by_id = std::collections::BTreeMap::<String, Vec<String>>::new();
+    for (id, source) in out {
+        by_id.entry(id).or_default().push(source);
+    }
+    by_id
+}
+
 /// The input topic's messages, as normalized JSON, in offset order.
 fn input_votes(setup: &Setup) -> Vec<String> {
     read_records(&setup.bootstrap, std::slice::from_ref(&setup.input_topic))
@@ -352,9 +382,21 @@ max_annotations = 10
             (have == want).then_some(())
         },
     );
+    // Where each vote came from: the missed annotation's votes only from
+    // the sync (their webhook failed); every earlier one first from its
+    // webhook (the sync's copies, if any, come after).
+    let sources = input_sources(&setup);
+    let (only_sync, first_webhook): (Vec<_>, Vec<_>) = sources
+        .values()
+        .partition(|s| s.iter().all(|x| x == "sync"));
+    assert_eq!(
+        only_sync.len(),
+        3,
+        "the three recovered votes came only from the sync ({missed}): {sources:?}"
+    );
     assert!(
-        counter(hook_port, "jurystream_connect_sync_missed_votes_total") >= 3.0,
-        "the three recovered votes were counted as missed ({missed})"
+        first_webhook.iter().all(|s| s[0] == "webhook"),
+        "{sources:?}"
     );
     assert!(
         counter(

@@ -18,7 +18,6 @@ use serde_json::{json, Value};
 use super::intake::{self, BodyKind, Rules};
 use super::mapping::{annotation_votes, MappedVote, Mapping, Project};
 use super::produce::Producer;
-use super::sync::Recent;
 use crate::input::DecodeOptions;
 use crate::server::bearer_matches;
 use crate::telemetry::connect::{ConnectMetrics, Source, VoteResult};
@@ -34,7 +33,6 @@ pub struct Intake {
     pub mapping: Mapping,
     /// `label_studio.projects` (empty: any).
     pub projects: Vec<i64>,
-    pub recent: Arc<Recent>,
 }
 
 pub fn routes(intake: Arc<Intake>) -> Router {
@@ -174,7 +172,6 @@ async fn label_studio(State(s): State<Arc<Intake>>, body: Bytes) -> Response {
     }
     s.metrics.produce_duration(started.elapsed().as_secs_f64());
     s.metrics.votes(Source::Webhook, VoteResult::Produced, n);
-    s.recent.insert(votes.into_iter().map(|v| v.vote_id));
     ok(json!({ "produced": n }))
 }
 

@@ -43,8 +43,6 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
     let mapping = mapping::Mapping::of(ls);
     let sync_every = Duration::from_secs_f64(ls.sync_interval_seconds);
     let lookback = Duration::from_secs_f64(ls.sync_lookback_seconds);
-    // Webhook vote ids are kept as long as a sync may still meet them.
-    let recent = Arc::new(sync::Recent::new(lookback.max(sync_every) + sync_every));
     let intake = Arc::new(http::Intake {
         producer,
         metrics: metrics.clone(),
@@ -56,7 +54,6 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         max_skew: crate::config::seconds_to_ns(cfg.input.max_future_skew_seconds),
         mapping: mapping.clone(),
         projects: ls.projects.clone(),
-        recent: recent.clone(),
     });
     let addr: std::net::SocketAddr =
         cfg.connect
@@ -107,10 +104,10 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
                     interval: sync_every,
                     lookback,
                 };
-                let (producer, metrics, recent) = (&intake.producer, &*metrics, &*recent);
+                let (producer, metrics) = (&intake.producer, &*metrics);
                 std::thread::Builder::new()
                     .name("ls-sync".into())
-                    .spawn_scoped(scope, move || s.run(producer, metrics, recent, stop))
+                    .spawn_scoped(scope, move || s.run(producer, metrics, stop))
                     .map_err(|source| ConnectError::Thread {
                         thread: "sync",
                         source,

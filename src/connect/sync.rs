@@ -1,11 +1,11 @@
 //! The sync (SPEC §12): Label Studio does not retry a failed webhook, so
 //! every `label_studio.sync_interval_seconds` `connect` reads the
 //! annotations updated since its last pass and produces their votes again.
-//! `run` drops those it already has as duplicates; the missed ones arrive.
+//! `run` drops those it already has as duplicates; the missed ones arrive
+//! (and `run` counts them: `jurystream_votes_accepted_total{source="sync"}`).
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -16,52 +16,6 @@ use super::mapping::{annotation_votes, MappedVote, Mapping, Project};
 use super::produce::Producer;
 use crate::telemetry::connect::{ConnectMetrics, Source, VoteResult};
 use crate::time::{parse_timestamp, wall_clock, Nanos, NANOS_PER_SEC};
-
-/// Vote ids the webhooks produced lately, so that a sync can tell the
-/// votes it recovers (webhooks that were lost) from those it repeats.
-/// Bounded: the oldest go first.
-pub struct Recent {
-    inner: Mutex<RecentIds>,
-    keep: Duration,
-}
-
-/// The ids, and the same in the order they came (with when).
-type RecentIds = (HashSet<String>, VecDeque<(Instant, String)>);
-
-/// Most vote ids [`Recent`] remembers (about 100 MB at most).
-const MAX_RECENT: usize = 1_000_000;
-
-impl Recent {
-    pub fn new(keep: Duration) -> Recent {
-        Recent {
-            inner: Mutex::new(Default::default()),
-            keep,
-        }
-    }
-
-    pub fn insert(&self, ids: impl IntoIterator<Item = String>) {
-        let now = Instant::now();
-        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let (set, order) = &mut *g;
-        for id in ids {
-            if set.insert(id.clone()) {
-                order.push_back((now, id));
-            }
-        }
-        while let Some((at, id)) = order.front() {
-            if order.len() <= MAX_RECENT && now.duration_since(*at) <= self.keep {
-                break;
-            }
-            set.remove(id);
-            order.pop_front();
-        }
-    }
-
-    pub fn contains(&self, id: &str) -> bool {
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        g.0.contains(id)
-    }
-}
 
 /// The votes of the annotations of `tasks` updated in [`since`, `until`)
 /// (from the first when `since` is None).
@@ -109,18 +63,13 @@ pub struct Syncer {
 /// (Label Studio's clock and this one differ; a duplicate costs nothing).
 const OVERLAP: Duration = Duration::from_secs(60);
 /// A pass leaves annotations this recent to the next one: their webhook
-/// may still be on its way, and taking them would count them as missed.
+/// may still be on its way (`run` would count the sync's copy, if first,
+/// as a vote only the sync delivered).
 const SETTLE: Duration = Duration::from_secs(5);
 
 impl Syncer {
     /// Runs passes until `stop`.
-    pub fn run(
-        &self,
-        producer: &Producer,
-        metrics: &ConnectMetrics,
-        recent: &Recent,
-        stop: &AtomicBool,
-    ) {
+    pub fn run(&self, producer: &Producer, metrics: &ConnectMetrics, stop: &AtomicBool) {
         let rt = match tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
@@ -134,13 +83,12 @@ impl Syncer {
         let mut since = wall_clock() - self.lookback.as_nanos() as Nanos;
         loop {
             let started = wall_clock();
-            match self.pass(&rt, producer, metrics, recent, since) {
-                Ok((votes, missed)) => {
+            match self.pass(&rt, producer, metrics, since) {
+                Ok(votes) => {
                     metrics.sync_run(true, started as f64 / NANOS_PER_SEC as f64);
                     if votes > 0 {
                         tracing::info!(
                             votes,
-                            missed,
                             "sync: produced the votes of recently updated annotations"
                         );
                     }
@@ -161,21 +109,20 @@ impl Syncer {
         }
     }
 
-    /// One pass: (votes produced, of them not seen from a webhook).
+    /// One pass: the votes produced.
     fn pass(
         &self,
         rt: &tokio::runtime::Runtime,
         producer: &Producer,
         metrics: &ConnectMetrics,
-        recent: &Recent,
         since: Nanos,
-    ) -> Result<(usize, usize), ConnectError> {
+    ) -> Result<usize, ConnectError> {
         let ids = if self.projects.is_empty() {
             self.client.project_ids().map_err(call_error)?
         } else {
             self.projects.clone()
         };
-        let (mut produced, mut missed) = (0, 0);
+        let mut produced = 0;
         for id in ids {
             let project = match self.client.project(id) {
                 Ok(p) => Project::of(&p),
@@ -204,13 +151,7 @@ impl Syncer {
                         return Err(e);
                     }
                     metrics.votes(Source::Sync, VoteResult::Produced, votes.len() as u64);
-                    let lost = votes
-                        .iter()
-                        .filter(|v| !recent.contains(&v.vote_id))
-                        .count();
-                    metrics.sync_missed(lost as u64);
                     produced += votes.len();
-                    missed += lost;
                 }
                 if (tasks.len() as u32) < PAGE_SIZE {
                     break;
@@ -229,7 +170,7 @@ impl Syncer {
                 }
             }
         }
-        Ok((produced, missed))
+        Ok(produced)
     }
 }
 
@@ -247,21 +188,6 @@ fn call_error(e: CallError) -> ConnectError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn recent_ids_are_remembered_then_forgotten() {
-        let r = Recent::new(Duration::from_secs(3600));
-        r.insert(["a".to_owned(), "b".to_owned()]);
-        assert!(r.contains("a") && r.contains("b") && !r.contains("c"));
-        let r = Recent::new(Duration::ZERO);
-        r.insert(["a".to_owned()]);
-        std::thread::sleep(Duration::from_millis(2));
-        r.insert(["b".to_owned()]);
-        assert!(
-            !r.contains("a"),
-            "older than keep: forgotten at the next insert"
-        );
-    }
 
     #[test]
     fn only_annotations_updated_since_count() {

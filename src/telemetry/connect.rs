@@ -103,7 +103,6 @@ pub struct ConnectMetrics {
     votes: Family<VoteLabels, Counter>,
     webhooks: Family<ActionLabel, Counter>,
     sync_runs: Family<ResultLabel, Counter>,
-    sync_missed: Counter,
     last_sync: Gauge<f64, AtomicU64>,
     routing: Family<ResultLabel, Counter>,
     produce: Histogram,
@@ -165,14 +164,6 @@ impl ConnectMetrics {
             sync_runs.clone(),
             true,
         );
-        let sync_missed = Counter::default();
-        register(
-            r,
-            CONNECT_SYNC_MISSED,
-            "Votes a sync produced that no webhook had brought to this instance.",
-            sync_missed.clone(),
-            true,
-        );
         let last_sync = Gauge::<f64, AtomicU64>::default();
         register(
             r,
@@ -215,7 +206,6 @@ impl ConnectMetrics {
             votes,
             webhooks,
             sync_runs,
-            sync_missed,
             last_sync,
             routing,
             produce,
@@ -248,10 +238,6 @@ impl ConnectMetrics {
         if ok {
             self.last_sync.set(now_seconds);
         }
-    }
-
-    pub fn sync_missed(&self, n: u64) {
-        self.sync_missed.inc_by(n);
     }
 
     pub fn routing(&self, r: Routing) {
@@ -288,7 +274,6 @@ mod tests {
         m.votes(Source::Api, VoteResult::Rejected, 2);
         m.webhook("SOMETHING_ELSE");
         m.sync_run(true, 5.0);
-        m.sync_missed(3);
         m.routing(Routing::AtCap);
         m.produce_duration(0.01);
         let text = m.render();
@@ -297,7 +282,6 @@ mod tests {
             "jurystream_connect_votes_total{result=\"produced\",source=\"sync\"} 0",
             "jurystream_connect_webhooks_total{action=\"other\"} 1",
             "jurystream_connect_sync_runs_total{result=\"ok\"} 1",
-            "jurystream_connect_sync_missed_votes_total 3",
             "jurystream_connect_last_sync_timestamp_seconds 5",
             "jurystream_connect_routing_total{result=\"at_cap\"} 1",
             "jurystream_connect_produce_duration_seconds_count 1",

@@ -95,9 +95,6 @@ pub const CONNECT_VOTES: &str = "jurystream_connect_votes_total";
 pub const CONNECT_WEBHOOKS: &str = "jurystream_connect_webhooks_total";
 /// Sync passes over Label Studio's API, by `result` (`ok`, `error`).
 pub const CONNECT_SYNC_RUNS: &str = "jurystream_connect_sync_runs_total";
-/// Votes a sync produced that no webhook had brought to this instance
-/// (a webhook lost while `connect` was down or unreachable).
-pub const CONNECT_SYNC_MISSED: &str = "jurystream_connect_sync_missed_votes_total";
 /// When the last sync pass succeeded (Unix seconds).
 pub const CONNECT_LAST_SYNC: &str = "jurystream_connect_last_sync_timestamp_seconds";
 /// Flags routed back to Label Studio, by `result` (`requested`: the task's
