@@ -3,7 +3,8 @@
 # batches of 1000 votes (votes/s), one-vote requests and Label Studio
 # webhooks (latency p50/p99), on loopback against the test broker
 # (scripts/bench_connect.py is the client). The input topic is created by a
-# short `jurystream run` first; connect then runs alone.
+# short `jurystream run` first; connect then runs alone, and then (when
+# haproxy is installed) two instances behind haproxy (issue 41).
 #   scripts/bench-connect.sh              ROUNDS (default 3) rounds
 # JURYSTREAM_BIN=PATH measures that binary instead of the release build.
 set -euo pipefail
@@ -58,12 +59,55 @@ PIDS+=("$RUN")
 wait_ready "http://$RUN_HTTP"
 kill -TERM "$RUN"; wait "$RUN" 2>/dev/null || true
 
+# Through a load balancer too (issue 41): Debian's haproxy in front of two
+# connect instances (health check on /readyz), as deploy/k8s runs the
+# webhook; skipped when haproxy is not installed.
+LB_PORT=$((HTTP_PORT + 3))
+cat > "$WORK/haproxy.cfg" <<CFG
+global
+  maxconn 256
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 30s
+  timeout server 30s
+frontend votes
+  bind 127.0.0.1:$LB_PORT
+  default_backend connect
+backend connect
+  balance roundrobin
+  option httpchk GET /readyz
+  http-check expect status 200
+  default-server inter 1000 fall 2 rise 1
+  server c1 127.0.0.1:$HTTP_PORT check
+  server c2 127.0.0.1:$((HTTP_PORT + 2)) check
+CFG
+
+bench() { # url label
+    python3 scripts/bench_connect.py "$1" bench \
+        tests/fixtures/label-studio/004_ANNOTATION_UPDATED.json | tee "$WORK/round-$2.json"
+}
+
 for r in $(seq 1 "$ROUNDS"); do
     "$BIN" connect --config "$WORK/connect.toml" 2> "$WORK/connect-$r.log" &
     C=$!
     PIDS+=("$C")
     wait_ready "http://127.0.0.1:$HTTP_PORT"
-    python3 scripts/bench_connect.py "http://127.0.0.1:$HTTP_PORT" bench \
-        tests/fixtures/label-studio/004_ANNOTATION_UPDATED.json | tee "$WORK/round-$r.json"
+    echo "round $r: direct"
+    bench "http://127.0.0.1:$HTTP_PORT" "$r"
+    if command -v haproxy >/dev/null 2>&1; then
+        JURYSTREAM_CONNECT__LISTEN="127.0.0.1:$((HTTP_PORT + 2))" \
+            "$BIN" connect --config "$WORK/connect.toml" 2> "$WORK/connect-$r-b.log" &
+        C2=$!
+        haproxy -db -f "$WORK/haproxy.cfg" 2> "$WORK/haproxy-$r.log" &
+        H=$!
+        PIDS+=("$C2" "$H")
+        wait_ready "http://127.0.0.1:$((HTTP_PORT + 2))"
+        wait_ready "http://127.0.0.1:$LB_PORT"
+        sleep 2 # both servers up in haproxy
+        echo "round $r: through haproxy, two instances"
+        bench "http://127.0.0.1:$LB_PORT" "$r-lb"
+        kill -TERM "$H" "$C2"; wait "$H" "$C2" 2>/dev/null || true
+    fi
     kill -TERM "$C"; wait "$C" 2>/dev/null || true
 done
