@@ -413,8 +413,8 @@ def connect_summary(text):
     rows = [
         ["webhooks received", hooks or "0"],
         ["votes produced", f"{produced['webhook']} from webhooks, {produced['sync']} from sync"],
-        ["", "(sync re-reads recently updated annotations; run drops what it has as duplicates;"],
-        ["", f" {n('jurystream_connect_sync_missed_votes_total')} votes had been missed by a webhook)"],
+        ["", "(sync re-reads recently updated annotations; run drops what it has as duplicates"],
+        ["", " and counts the rest in jurystream_votes_accepted_total{source=\"sync\"})"],
         ["sync passes", n("jurystream_connect_sync_runs_total", result="ok")],
         ["flags routed", f"{n('jurystream_connect_routing_total', result='requested')} "
                          "(a task's overlap raised, is_labeled false)"],
