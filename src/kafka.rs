@@ -11,23 +11,22 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer, ProducerContext};
 use rdkafka::ClientContext;
 
 use crate::config::Config;
+use crate::telemetry::VOTE_SOURCES;
 
 /// The record header that says where a vote came from (SPEC §12 v4):
 /// `connect` sets it to `api`, `webhook` or `sync`.
 pub const SOURCE_HEADER: &str = "jurystream-source";
 
-/// A vote's `source` label in `jurystream_votes_accepted_total` (SPEC §8):
-/// its [`SOURCE_HEADER`] if that is one `connect` sets, `kafka` without
-/// one, `other` for any other value (a label value never comes from the
-/// data).
-pub fn vote_source(header: Option<&[u8]>) -> &'static str {
-    match header {
-        None => "kafka",
-        Some(b"api") => "api",
-        Some(b"webhook") => "webhook",
-        Some(b"sync") => "sync",
-        Some(_) => "other",
-    }
+/// A vote's `source` label in `jurystream_votes_accepted_total` (SPEC §8),
+/// as its index in [`VOTE_SOURCES`]: `kafka` without [`SOURCE_HEADER`],
+/// the header's value if it is one `connect` sets, `other` for any other
+/// value (a label value never comes from the data).
+pub fn vote_source(header: Option<&[u8]>) -> usize {
+    let Some(h) = header else { return 0 };
+    let other = VOTE_SOURCES.len() - 1;
+    (1..other)
+        .find(|&i| VOTE_SOURCES[i].as_bytes() == h)
+        .unwrap_or(other)
 }
 
 /// Librdkafka settings shared by every client: brokers, then the user's

@@ -32,15 +32,15 @@ pub fn idle_due<'a>(
 
 impl Session {
     /// One input record through the engine.
-    /// `source`: the record's `source` label (SPEC §12,
-    /// [`crate::kafka::vote_source`]).
+    /// `source`: the record's `source` label, as
+    /// [`crate::kafka::vote_source`] gives it (SPEC §12).
     pub fn handle(
         &mut self,
         tp: &Tp,
         offset: i64,
         key: Option<&[u8]>,
         payload: Option<&[u8]>,
-        source: &'static str,
+        source: usize,
     ) -> Result<()> {
         if !self.part_mut(tp)?.take_offset(tp, offset) {
             return Ok(());

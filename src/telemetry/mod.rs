@@ -793,11 +793,10 @@ impl Metrics {
     }
 
     /// A rejection (any reason, `late` included).
-    /// A vote accepted at step (4), by its `source` (one of
-    /// [`VOTE_SOURCES`]; anything else counts as `other`).
-    pub fn vote_accepted(&self, source: &str) {
-        let i = VOTE_SOURCES.iter().position(|s| *s == source).unwrap_or(4);
-        self.accepted[i].inc();
+    /// A vote accepted at step (4), by its source: an index in
+    /// [`VOTE_SOURCES`] ([`crate::kafka::vote_source`]).
+    pub fn vote_accepted(&self, source: usize) {
+        self.accepted[source.min(VOTE_SOURCES.len() - 1)].inc();
     }
 
     pub fn rejected(&self, reason: crate::input::Reason) {

@@ -163,8 +163,8 @@ fn exposition_has_every_spec_metric() {
         Some(1_700_000_000_000_000_000),
     );
     m.engine_counters("votes-1", &Counters::default(), 3, 100, Some(0));
-    for source in ["kafka", "webhook", "sync", "kafka"] {
-        m.vote_accepted(source);
+    for header in [None, Some(&b"webhook"[..]), Some(b"sync"), None] {
+        m.vote_accepted(crate::kafka::vote_source(header));
     }
     m.consumer_lag("votes", 0, 7);
     m.commit_duration(0.02);
