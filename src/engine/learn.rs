@@ -457,13 +457,9 @@ impl Engine {
         }
     }
 
+    /// The open values listed dirty (none for a temporary store: see
+    /// [`Engine::noted`]), seals and waiting batches, to persist.
     pub(super) fn drain_reputation(&mut self, sink: &mut impl FnMut(Change<'_>)) {
-        if !self.cfg.query_index {
-            // A temporary store (a replay without --state-dir): nothing
-            // reopens it, so the open values need not reach it.
-            self.dirty_open.clear();
-            self.open_scan = false;
-        }
         if std::mem::take(&mut self.open_scan) {
             let cached = self.series.iter_mut().flat_map(|(series, e)| {
                 e.values
