@@ -12,6 +12,11 @@
 //!       the same, polling every 20 ms with one client (scripts/bench-query.sh);
 //!       prints the Unix time (s) when it saw N or more committed, and how
 //!       many were committed then.
+//!   kafka_passthrough pace BROKERS TOPIC FILE RATE SECONDS
+//!       create TOPIC (4 partitions) if missing, then produce FILE's lines
+//!       to it (keyed by inference_id, as `jurystream produce` does) at
+//!       RATE records/s for SECONDS (or until the file ends), every record
+//!       acknowledged; prints the count produced and the rate achieved.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -164,6 +169,58 @@ fn main() {
             }
             println!("{:.3}", t.elapsed().as_secs_f64());
         }
-        _ => eprintln!("usage: kafka_passthrough pass|wait|mark ..."),
+        Some("pace") => {
+            let (brokers, topic, file) = (&a[1], &a[2], &a[3]);
+            let rate: f64 = a[4].parse().unwrap();
+            let seconds: f64 = a[5].parse().unwrap();
+            create_topic(brokers, topic, 4);
+            let producer: BaseProducer = ClientConfig::new()
+                .set("bootstrap.servers", brokers)
+                .set("enable.idempotence", "true")
+                .set("linger.ms", "5")
+                .create()
+                .expect("producer");
+            let text = std::fs::read_to_string(file).expect("read the votes file");
+            let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+            let limit = (rate * seconds) as u64;
+            let t = Instant::now();
+            let mut sent = 0u64;
+            'pace: while sent < limit {
+                // Records due by now; the rest of the slice sleeps.
+                let due = ((t.elapsed().as_secs_f64() * rate) as u64).min(limit);
+                while sent < due {
+                    let Some(line) = lines.next() else {
+                        break 'pace;
+                    };
+                    let key = serde_json::from_str::<serde_json::Value>(line)
+                        .ok()
+                        .and_then(|v| v.get("inference_id")?.as_str().map(str::to_owned));
+                    let mut rec: BaseRecord<'_, [u8], [u8]> =
+                        BaseRecord::to(topic).payload(line.as_bytes());
+                    if let Some(k) = &key {
+                        rec = rec.key(k.as_bytes());
+                    }
+                    while let Err((e, r)) = producer.send(rec) {
+                        assert!(
+                            matches!(
+                                e,
+                                rdkafka::error::KafkaError::MessageProduction(
+                                    rdkafka::types::RDKafkaErrorCode::QueueFull
+                                )
+                            ),
+                            "produce to {topic}: {e}"
+                        );
+                        rec = r;
+                        producer.poll(Duration::from_millis(1));
+                    }
+                    sent += 1;
+                }
+                producer.poll(Duration::ZERO);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            jurystream::kafka::flush_now(&producer, Duration::from_secs(60)).expect("flush");
+            println!("{sent} {:.0}", sent as f64 / t.elapsed().as_secs_f64());
+        }
+        _ => eprintln!("usage: kafka_passthrough pass|wait|mark|pace ..."),
     }
 }

@@ -313,6 +313,89 @@ fn kill_9_at_many_points(mode: &str, learned_mode: bool) {
     }
 }
 
+/// `exactly_once` commits a cycle's transaction off the poll loop while the
+/// next cycle is read and processed (`cycle::overlap`). Killed at the two
+/// instants that opens, each while the next cycle has processed votes:
+/// `before` the commit is asked for (the transaction still open: the
+/// restart aborts it and redoes the cycle), and `after` it answered but
+/// before the poll loop took the answer (committed, its RocksDB write not
+/// started: the restart restores it from the changelog). Nothing is lost;
+/// `after` leaves nothing to repeat, so the output is exactly the replay's.
+#[test]
+fn kill_9_while_a_commit_is_in_flight_before_its_answer() {
+    kill_9_while_a_commit_is_in_flight("before");
+}
+
+#[test]
+fn kill_9_while_a_commit_is_in_flight_after_its_answer() {
+    kill_9_while_a_commit_is_in_flight("after");
+}
+
+fn kill_9_while_a_commit_is_in_flight(at: &str) {
+    let _g = serial();
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    exactly_once_mode(&broker.bootstrap(), &format!("inflight-{at}-probe"));
+    let name = format!("inflight{at}");
+    let setup = Setup::new(&broker, &name, 4, "exactly_once", NO_CACHE);
+    let input = setup.dir.path().join("votes.jsonl");
+    generate_votes(&input, 20_000, 11);
+    let expected = replay(&setup.config, &input);
+    setup.produce(&input);
+    let listen = format!("127.0.0.1:{}", free_port());
+    let hold = format!("{at}:3000");
+    let mut svc = Service::start_with(
+        &setup.config,
+        setup.dir.path(),
+        "held",
+        &[
+            ("JURYSTREAM_METRICS__LISTEN", listen.as_str()),
+            ("JURYSTREAM_TEST_HOLD_COMMIT", hold.as_str()),
+        ],
+    );
+    let in_flight = "jurystream_commit_in_flight";
+    let commits = "jurystream_commit_duration_seconds_count";
+    let accepted = "jurystream_votes_accepted_total{source=\"kafka\"}";
+    // A commit in flight (the count of commits landed tells it apart from
+    // the next one), and votes the next cycle accepted since it began.
+    let (landed, before) = wait_for("a commit in flight", Duration::from_secs(120), || {
+        (svc.metric(in_flight)? == 1.0).then_some(())?;
+        Some((svc.metric(commits)?, svc.metric(accepted)?))
+    });
+    let processed = wait_for(
+        "votes accepted while that commit is in flight",
+        Duration::from_secs(60),
+        || {
+            let now = svc.metric(accepted)?;
+            (now > before).then_some(now)
+        },
+    );
+    assert_eq!(svc.metric(in_flight), Some(1.0), "{}", svc.log_text());
+    assert_eq!(
+        svc.metric(commits),
+        Some(landed),
+        "the same commit is in flight"
+    );
+    svc.kill9();
+    eprintln!(
+        "killed {at} a commit's answer, {} votes into the next cycle",
+        processed - before
+    );
+    let mut svc = Service::start(&setup, "restarted");
+    if at == "after" {
+        wait_for_events(&setup, &expected, Duration::from_secs(300), &svc);
+        let status = svc.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{}", svc.log_text());
+        assert_same_events(&setup, &expected);
+    } else {
+        wait_for_every_event(&setup, &expected, Duration::from_secs(300), &svc);
+        let status = svc.terminate(Duration::from_secs(30));
+        assert!(status.success(), "{}", svc.log_text());
+        assert_copies_only_of_killed_cycles(&setup, &expected, 1);
+    }
+}
+
 /// SPEC §14: every input partition published a seal record, and (when
 /// `strict`) every delta record under one key has the same value (a
 /// redone cycle writes identical records), so the topic holds one final

@@ -160,7 +160,8 @@ pub fn write_cycle(
             source,
         })?;
     }
-    store.apply(records, positions)
+    // The changelog holds the cycle, and the position says where it ends.
+    store.apply_unlogged(records, positions)
 }
 
 /// Takes a sealed cycle's `n` outbox chunk values out of its records: the

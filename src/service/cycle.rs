@@ -103,6 +103,42 @@ pub fn holds_events(mode: Delivery) -> bool {
     mode == Delivery::ExactlyOnceOutbox
 }
 
+/// How a mode's plan is split when a cycle's commit overlaps the next
+/// cycle: `on_loop` runs on the poll loop, `off_loop` on a committer
+/// thread while the poll loop goes on reading and processing the next
+/// cycle's records (nothing of which reaches Kafka until the commit has
+/// answered), `landed` on the poll loop once the committer has succeeded.
+/// Concatenated, the three are the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Split {
+    pub on_loop: &'static [Step],
+    pub off_loop: &'static [Step],
+    pub landed: &'static [Step],
+}
+
+/// Where `mode`'s cycle may overlap the next: `exactly_once` waits for
+/// its transaction's answer (offsets into the transaction, the commit: two
+/// round trips to the coordinator and the flush of every record) on a
+/// thread of its own. The next cycle produces nothing until that answer
+/// is in: a cycle's transaction is begun only after the one before it
+/// committed, so a committed transaction never rests on one that was not
+/// (docs/decisions.md, "Overlapped commits"). The other modes commit on
+/// the poll loop: their changelog and offsets are separate writes, not
+/// one transaction a thread could finish on its own.
+pub fn overlap(mode: Delivery) -> Option<Split> {
+    match mode {
+        Delivery::ExactlyOnce => {
+            let p = plan(mode);
+            Some(Split {
+                on_loop: &p[..1],
+                off_loop: &p[1..3],
+                landed: &p[3..],
+            })
+        }
+        Delivery::ExactlyOnceOutbox | Delivery::AtLeastOnce => None,
+    }
+}
+
 /// The side effects of a cycle, one call per step.
 pub trait Steps {
     type Error;
@@ -114,8 +150,14 @@ pub trait Steps {
 /// Runs `mode`'s plan over `steps`, stopping at the first failure (the
 /// caller then aborts whatever of the cycle is not durable).
 pub fn drive<S: Steps>(mode: Delivery, steps: &mut S) -> Result<(), S::Error> {
+    drive_part(mode, plan(mode), steps)
+}
+
+/// Runs `part` of `mode`'s plan (a [`Split`]'s third) over `steps`, as
+/// [`drive`] does.
+pub fn drive_part<S: Steps>(mode: Delivery, part: &[Step], steps: &mut S) -> Result<(), S::Error> {
     let durable = durable_after(mode);
-    for &step in plan(mode) {
+    for &step in part {
         steps.run(step)?;
         if step == durable {
             steps.durable();
@@ -291,6 +333,30 @@ mod tests {
                 let durable_ran = r.ran.contains(&durable_after(mode));
                 assert_eq!(r.durable_at.is_some(), durable_ran, "{mode} at {fail_at}");
             }
+        }
+    }
+
+    /// An overlapped cycle runs the same steps in the same order, is
+    /// durable off the poll loop, and writes RocksDB only once landed.
+    #[test]
+    fn an_overlapped_cycle_is_the_plan_split_in_three() {
+        for mode in MODES {
+            let Some(split) = overlap(mode) else {
+                assert!(!transactional(mode), "{mode}");
+                continue;
+            };
+            let joined: Vec<Step> = [split.on_loop, split.off_loop, split.landed].concat();
+            assert_eq!(joined, plan(mode), "{mode}");
+            assert!(split.off_loop.contains(&durable_after(mode)), "{mode}");
+            assert!(!split.on_loop.contains(&CommitTransaction), "{mode}");
+            assert_eq!(split.landed, [WriteState], "{mode}");
+            // Driven third by third, it ends where a whole cycle does.
+            let mut r = Recorder::default();
+            for part in [split.on_loop, split.off_loop, split.landed] {
+                drive_part(mode, part, &mut r).unwrap();
+            }
+            assert!(r.offsets_committed && r.events_visible && r.state_written);
+            assert!(!r.state_written_before_durable);
         }
     }
 

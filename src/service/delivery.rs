@@ -4,26 +4,52 @@
 //! markers are here too. In every mode RocksDB is written only after the
 //! changelog holds the cycle, with the changelog position it reflects.
 
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext};
-use rdkafka::producer::Producer;
+use rdkafka::producer::{BaseProducer, Producer};
+use rdkafka::TopicPartitionList;
 
 use super::changelog::{OutEvent, CHANGELOG_HEADER, CYCLE_KEY};
-use super::client::{send, Out, Tp, ORIGIN_HEADER};
-use super::cycle::{drive, Step, Steps};
+use super::client::{send, Out, ProduceCtx, Tp, ORIGIN_HEADER};
+use super::cycle::{drive, drive_part, overlap, Step, Steps};
 use super::error::{Result, ServiceError};
 use super::reconcile::origin;
-use super::session::Session;
+use super::session::{CommitHold, Session};
 use crate::config::Delivery;
 
-/// Ends the open cycle in the delivery mode's order; on failure aborts
-/// what of it is not durable (the session is then rebuilt).
+/// Ends the open cycle in the delivery mode's order and waits for its
+/// commit (a rebalance, the shutdown); on failure aborts what of it is not
+/// durable (the session is then rebuilt).
 pub fn commit<C: ConsumerContext>(s: &mut Session, consumer: &BaseConsumer<C>) -> Result<()> {
+    commit_cycle(s, consumer, false)
+}
+
+/// The poll loop's commit: as [`commit`], except that where the mode allows
+/// (`cycle::overlap`) the commit's wait runs off the poll loop, which goes
+/// on with the next cycle; [`land`] takes its answer.
+pub fn commit_overlapped<C: ConsumerContext>(
+    s: &mut Session,
+    consumer: &BaseConsumer<C>,
+) -> Result<()> {
+    commit_cycle(s, consumer, true)
+}
+
+fn commit_cycle<C: ConsumerContext>(
+    s: &mut Session,
+    consumer: &BaseConsumer<C>,
+    overlapped: bool,
+) -> Result<()> {
+    // The cycle before lands first: the producer takes one transaction
+    // at a time, and this cycle's records rest on that one's.
+    let wait = s.step_timeout();
+    land(s, consumer, Some(wait))?;
     if !s.in_cycle() {
         return Ok(());
     }
     let started = Instant::now();
+    let split = overlap(s.delivery).filter(|_| overlapped);
     // The previous cycle's RocksDB writes land before this cycle's
     // changelog: its sweep and reviewer reads must see them.
     let result = s.finish_writes().and_then(|()| {
@@ -33,13 +59,21 @@ pub fn commit<C: ConsumerContext>(s: &mut Session, consumer: &BaseConsumer<C>) -
             sealed: Vec::new(),
             phases: Phases::start(),
         };
-        drive(live.s.delivery, &mut live)?;
+        match split {
+            None => drive(live.s.delivery, &mut live)?,
+            Some(split) => {
+                drive_part(live.s.delivery, split.on_loop, &mut live)?;
+                let sealed = std::mem::take(&mut live.sealed);
+                detach(live.s, consumer, split.off_loop, sealed, started)?;
+            }
+        }
         live.phases.log();
         Ok(())
     });
     match result {
+        Ok(()) if split.is_some() => Ok(()),
         Ok(()) => {
-            s.committed(started);
+            s.committed(started, &s.agreement_sums());
             Ok(())
         }
         Err(e) => {
@@ -47,6 +81,110 @@ pub fn commit<C: ConsumerContext>(s: &mut Session, consumer: &BaseConsumer<C>) -
             Err(e)
         }
     }
+}
+
+/// Hands the open cycle's remaining steps (`off_loop`: its offsets into the
+/// transaction, the commit) to a committer thread.
+fn detach<C: ConsumerContext>(
+    s: &mut Session,
+    consumer: &BaseConsumer<C>,
+    off_loop: &'static [Step],
+    sealed: Vec<Tp>,
+    started: Instant,
+) -> Result<()> {
+    let mut committer = Committer {
+        producer: s.producer.clone(),
+        offsets: s.offset_list()?,
+        meta: consumer.group_metadata(),
+        timeout: s.step_timeout(),
+        hold: s.commit_hold,
+    };
+    let mode = s.delivery;
+    let (tx, done) = mpsc::sync_channel(1);
+    let thread = std::thread::Builder::new()
+        .name("txn-commit".into())
+        .spawn(move || {
+            let _ = tx.send(drive_part(mode, off_loop, &mut committer));
+        })
+        .map_err(|e| ServiceError::thread("the transaction's committer", e))?;
+    s.detach(done, thread, sealed, started);
+    Ok(())
+}
+
+/// Takes an overlapped commit's answer once it is in (`wait`: waits that
+/// long for it; `None`: only one already there). Committed: the cycle's
+/// metrics, its RocksDB writes start, and the open cycle's transaction
+/// begins with the events it deferred. Failed: the session aborts.
+pub fn land<C: ConsumerContext>(
+    s: &mut Session,
+    consumer: &BaseConsumer<C>,
+    wait: Option<Duration>,
+) -> Result<()> {
+    let Some((result, landed)) = s.take_landed(wait) else {
+        return Ok(());
+    };
+    let Some(split) = overlap(s.delivery) else {
+        return Err(ServiceError::internal(
+            "a commit landed in a mode without overlap",
+        ));
+    };
+    let result = result.and_then(|()| {
+        s.committed(landed.started, &landed.agreement);
+        let mut live = Live {
+            s: &mut *s,
+            consumer,
+            sealed: landed.sealed,
+            phases: Phases::start(),
+        };
+        drive_part(live.s.delivery, split.landed, &mut live)?;
+        s.begin_deferred()
+    });
+    if let Err(e) = result {
+        s.abort();
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// The committer thread's steps: the transaction's end, off the poll loop.
+struct Committer {
+    producer: Arc<BaseProducer<ProduceCtx>>,
+    offsets: TopicPartitionList,
+    meta: Option<rdkafka::consumer::ConsumerGroupMetadata>,
+    timeout: Duration,
+    hold: Option<CommitHold>,
+}
+
+impl Steps for Committer {
+    type Error = ServiceError;
+
+    fn run(&mut self, step: Step) -> Result<()> {
+        match step {
+            Step::SendOffsetsToTransaction => send_offsets(
+                &self.producer,
+                &self.offsets,
+                self.meta.as_ref(),
+                self.timeout,
+            )?,
+            Step::CommitTransaction => {
+                if let Some(CommitHold::Before(d)) = self.hold {
+                    std::thread::sleep(d);
+                }
+                commit_transaction(&self.producer, self.timeout)?;
+                if let Some(CommitHold::After(d)) = self.hold {
+                    std::thread::sleep(d);
+                }
+            }
+            other => {
+                return Err(ServiceError::internal(format!(
+                    "{other:?} cannot run off the poll loop"
+                )))
+            }
+        }
+        Ok(())
+    }
+
+    fn durable(&mut self) {}
 }
 
 /// Before partitions are handed over, and at shutdown: outbox mode marks
@@ -83,21 +221,16 @@ impl<C: ConsumerContext> Steps for Live<'_, C> {
             Step::SendChangelog => self.sealed = send_changelog(s)?,
             Step::Flush(f) => s.flush_acked(f.what())?,
             Step::SendOffsetsToTransaction => {
-                let offsets = s.offset_list()?;
-                if offsets.count() > 0 {
-                    let meta = self
-                        .consumer
-                        .group_metadata()
-                        .ok_or_else(|| ServiceError::internal("no consumer group metadata"))?;
-                    s.producer
-                        .send_offsets_to_transaction(&offsets, &meta, s.step_timeout())
-                        .map_err(|e| ServiceError::kafka_txn("send offsets to transaction", e))?;
-                }
+                let meta = self.consumer.group_metadata();
+                send_offsets(
+                    &s.producer,
+                    &s.offset_list()?,
+                    meta.as_ref(),
+                    s.step_timeout(),
+                )?
             }
             Step::CommitTransaction => {
-                s.producer
-                    .commit_transaction(s.step_timeout())
-                    .map_err(|e| ServiceError::kafka_txn("commit transaction", e))?;
+                commit_transaction(&s.producer, s.step_timeout())?;
                 s.offsets_committed();
                 s.producer.poll(Duration::ZERO);
                 if let Some(f) = s.producer.context().take_failure() {
@@ -125,6 +258,33 @@ impl<C: ConsumerContext> Steps for Live<'_, C> {
     fn durable(&mut self) {
         self.s.cycle_durable();
     }
+}
+
+/// The input `offsets` join the open transaction (none: nothing to send).
+fn send_offsets(
+    producer: &BaseProducer<ProduceCtx>,
+    offsets: &TopicPartitionList,
+    meta: Option<&rdkafka::consumer::ConsumerGroupMetadata>,
+    timeout: Duration,
+) -> Result<()> {
+    if offsets.count() == 0 {
+        return Ok(());
+    }
+    let meta = meta.ok_or_else(|| ServiceError::internal("no consumer group metadata"))?;
+    producer
+        .send_offsets_to_transaction(offsets, meta, timeout)
+        .map_err(|e| ServiceError::kafka_txn("send offsets to transaction", e))
+}
+
+/// Commits the open transaction: every record acknowledged first with
+/// `kafka::flush_now`, since rust-rdkafka's commit flushes in polls of
+/// 100 ms that each wait their whole step.
+fn commit_transaction(producer: &BaseProducer<ProduceCtx>, timeout: Duration) -> Result<()> {
+    crate::kafka::flush_now(producer, timeout)
+        .map_err(|e| ServiceError::kafka("flush before commit transaction", e))?;
+    producer
+        .commit_transaction(timeout)
+        .map_err(|e| ServiceError::kafka_txn("commit transaction", e))
 }
 
 /// Sends, for every partition the cycle touched, its state records and

@@ -46,6 +46,7 @@ impl Session {
             return Ok(());
         }
         self.ensure_cycle()?;
+        self.note_read(Instant::now());
         let now = wall_clock();
         let payload = payload.unwrap_or(&[]);
         let decoded = decode_vote(payload, &self.decode)
@@ -109,6 +110,9 @@ impl Session {
                 key: key.map(<[u8]>::to_vec),
                 payload,
             });
+            Ok(())
+        } else if self.defers() {
+            self.defer(route, key, payload, partition, origin(tp, seq, idx));
             Ok(())
         } else {
             send(

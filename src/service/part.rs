@@ -255,6 +255,10 @@ impl Part {
         let (records, marker) = seal_cycle(&self.marker, self.next_offset, &self.held, acked);
         self.pending.extend(records);
         self.marker = marker;
+        // What follows belongs to the next cycle (which, its commit
+        // overlapped, runs before this one's write starts).
+        self.dirty = false;
+        self.emitted = 0;
         Ok(Some(&self.pending))
     }
 
@@ -287,8 +291,6 @@ impl Part {
             })
             .map_err(|e| ServiceError::thread("a state write", e))?;
         self.writing = Some(Write { done, thread });
-        self.dirty = false;
-        self.emitted = 0;
         Ok(())
     }
 

@@ -14,7 +14,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::client::{check_outbox_partitioner, Names, ProduceCtx, StateDirLock, Tp};
 use super::context::Ctx;
-use super::delivery::{commit, hand_over};
+use super::delivery::{commit, commit_overlapped, hand_over, land};
 use super::error::{Classify, Result, ServiceError};
 use super::part::join_lingering;
 use super::rebalance::{drive_restore, not_restored, Consumer};
@@ -175,7 +175,13 @@ fn session(
             .ok_or_else(|| ServiceError::broker(format!("output topic {t} has no partitions")))?;
     }
     let mut pc = client_config(cfg);
-    pc.set("enable.idempotence", "true").set("linger.ms", "5");
+    pc.set("enable.idempotence", "true");
+    if crate::kafka::property(cfg, "linger.ms").is_none() {
+        // Commits flush what is queued at once (`kafka::flush_now`), so the
+        // linger only shapes requests within a cycle (50 ms measured within
+        // the noise of 5 ms, docs/PERFORMANCE.md).
+        pc.set("linger.ms", LINGER_MS);
+    }
     if transactional {
         // The broker aborts a transaction open longer than this, so it is
         // also how long a killed instance's open transaction holds back
@@ -259,6 +265,9 @@ fn session(
     result
 }
 
+/// The producer's `linger.ms` unless `kafka.properties` sets one.
+const LINGER_MS: &str = "5";
+
 fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()> {
     let commit_every = Duration::from_millis(cfg.kafka.commit_interval_ms() as u64);
     // The record's topic and partition, its name copied only when it changes.
@@ -276,6 +285,9 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         // this loop keeps polling (the member stays in the group) and
         // serving the partitions it has.
         drive_restore(s, consumer)?;
+        // An overlapped commit that answered: its state writes start, and
+        // the open cycle's transaction begins.
+        land(s, consumer, None)?;
         s.reputation_turn()?;
         let drained = msg.is_none();
         let restored = s.to_restore.is_empty() && s.restoring.is_none();
@@ -311,8 +323,13 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         if drained {
             s.idle_flush()?;
         }
-        if s.in_cycle() && (s.cycle_age() >= commit_every || s.outbox_bytes() >= MAX_CYCLE_BYTES) {
-            commit(s, consumer)?;
+        // A cycle due while the one before it still commits grows until
+        // that commit answers (or its held events reach the cap, then
+        // waits for it): under a backlog, cycles lengthen to the commit's
+        // round trip instead of stalling the loop.
+        let full = s.outbox_bytes() >= MAX_CYCLE_BYTES;
+        if s.in_cycle() && (s.cycle_age() >= commit_every || full) && (!s.defers() || full) {
+            commit_overlapped(s, consumer)?;
         }
     }
     Ok(())

@@ -6,25 +6,29 @@
 //! `super::rebalance`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{partition_dir, Names, ProduceCtx, Tp};
+use super::client::{partition_dir, send, Names, Out, ProduceCtx, Tp, ORIGIN_HEADER};
 use super::cycle::transactional;
 use super::error::{Result, ServiceError};
 use super::part::Part;
 use super::restore::RestoreJob;
 use crate::config::{Config, Delivery, TRANSACTION_MARGIN_MS};
+use crate::engine::agreement::RubricSums;
 use crate::engine::ScoreUpdate;
 use crate::input::DecodeOptions;
+use crate::input::Id;
 use crate::kafka::property;
 use crate::output::Route;
 use crate::state::Store;
 use crate::telemetry::Metrics;
 use crate::time::Nanos;
+use rustc_hash::FxHashMap;
 
 /// How long one step of a commit cycle may take outside a rebalance.
 const CYCLE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -45,13 +49,67 @@ impl Outputs {
     }
 }
 
+/// `exactly_once`: a cycle whose transaction commits on a thread of its
+/// own (`cycle::overlap`) while the poll loop reads and processes the next.
+pub struct InFlight {
+    /// The committer's answer.
+    pub done: mpsc::Receiver<Result<()>>,
+    /// The committer (`None` once joined).
+    thread: Option<JoinHandle<()>>,
+    /// The partitions the cycle sealed: their RocksDB writes start when it
+    /// lands.
+    pub sealed: Vec<Tp>,
+    /// When its commit started (the commit duration).
+    pub started: Instant,
+    /// The agreement sums it commits.
+    pub agreement: AgreementSums,
+    /// When each of its records was read (the commit latency).
+    read_at: Vec<Instant>,
+}
+
+/// A test's pause in the committer (`JURYSTREAM_TEST_HOLD_COMMIT`, read at start; docs/testing.md): before
+/// the commit is asked for, or after it answered, so that a kill -9 can
+/// land at either instant while the next cycle is processed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitHold {
+    Before(Duration),
+    After(Duration),
+}
+
+impl CommitHold {
+    /// `before:MS` or `after:MS`.
+    pub fn parse(v: &str) -> Option<CommitHold> {
+        let (at, ms) = v.trim().split_once(':')?;
+        let d = Duration::from_millis(ms.trim().parse().ok()?);
+        match at.trim() {
+            "before" => Some(CommitHold::Before(d)),
+            "after" => Some(CommitHold::After(d)),
+            _ => None,
+        }
+    }
+}
+
+/// Per partition (`topic-partition`), its agreement sums by rubric.
+pub type AgreementSums = Vec<(String, FxHashMap<Id, RubricSums>)>;
+
+/// An event the open cycle emitted while the cycle before it commits: sent
+/// once that commit has answered and this cycle's transaction has begun.
+struct Deferred {
+    route: Route,
+    key: Option<Vec<u8>>,
+    payload: Vec<u8>,
+    partition: Option<i32>,
+    origin: String,
+}
+
 pub struct Session {
     pub cfg: Config,
     pub names: Names,
     pub decode: DecodeOptions,
     /// `input.max_future_skew_seconds` in nanoseconds.
     pub max_skew: Nanos,
-    pub producer: BaseProducer<ProduceCtx>,
+    /// Shared with an overlapped commit's thread ([`InFlight`]).
+    pub producer: Arc<BaseProducer<ProduceCtx>>,
     pub delivery: Delivery,
     pub outputs: Outputs,
     pub metrics: Arc<Metrics>,
@@ -61,6 +119,18 @@ pub struct Session {
     /// Whether a cycle is open, and since when.
     in_cycle: bool,
     cycle_started: Instant,
+    /// `exactly_once`: whether the open cycle's transaction has begun (it
+    /// begins only once the cycle before it has committed).
+    txn_open: bool,
+    /// The cycle before the open one, committing off the poll loop.
+    in_flight: Option<InFlight>,
+    /// Events of the open cycle waiting for its transaction to begin.
+    deferred: Vec<Deferred>,
+    deferred_bytes: usize,
+    /// When each input record of the open cycle was read.
+    read_at: Vec<Instant>,
+    /// A test's pause in overlapped commits.
+    pub commit_hold: Option<CommitHold>,
     /// Input offsets to commit with the open cycle.
     offsets: HashMap<Tp, i64>,
     /// Set when the session must be rebuilt (a failed commit, a lost assignment).
@@ -150,7 +220,7 @@ impl Session {
             names: names.clone(),
             decode: cfg.decode_options(),
             max_skew: crate::config::seconds_to_ns(cfg.input.max_future_skew_seconds),
-            producer,
+            producer: Arc::new(producer),
             delivery: cfg.kafka.delivery,
             outputs,
             metrics: metrics.clone(),
@@ -158,6 +228,14 @@ impl Session {
             parts: HashMap::new(),
             in_cycle: false,
             cycle_started: Instant::now(),
+            txn_open: false,
+            in_flight: None,
+            deferred: Vec::new(),
+            deferred_bytes: 0,
+            read_at: Vec::new(),
+            commit_hold: std::env::var("JURYSTREAM_TEST_HOLD_COMMIT")
+                .ok()
+                .and_then(|v| CommitHold::parse(&v)),
             offsets: HashMap::new(),
             broken: None,
             updates: Vec::new(),
@@ -191,18 +269,143 @@ impl Session {
         revoke_timeout(property(&self.cfg, "session.timeout.ms").as_deref())
     }
 
-    /// Opens a cycle if none is open (`exactly_once`: begins its transaction).
+    /// Opens a cycle if none is open (`exactly_once`: begins its
+    /// transaction, unless the cycle before it is still committing: then
+    /// [`Session::begin_deferred`] does once it has).
     pub fn ensure_cycle(&mut self) -> Result<()> {
         if !self.in_cycle {
-            if transactional(self.delivery) {
-                self.producer
-                    .begin_transaction()
-                    .map_err(|e| ServiceError::kafka_txn("begin transaction", e))?;
-            }
             self.in_cycle = true;
             self.cycle_started = Instant::now();
         }
+        if !self.txn_open && self.in_flight.is_none() && transactional(self.delivery) {
+            self.begin_deferred()?;
+        }
         Ok(())
+    }
+
+    /// Begins the open cycle's transaction and sends the events it
+    /// emitted while the cycle before it committed.
+    pub fn begin_deferred(&mut self) -> Result<()> {
+        if !self.in_cycle || self.txn_open || !transactional(self.delivery) {
+            return Ok(());
+        }
+        self.producer
+            .begin_transaction()
+            .map_err(|e| ServiceError::kafka_txn("begin transaction", e))?;
+        self.txn_open = true;
+        for d in std::mem::take(&mut self.deferred) {
+            send(
+                &self.producer,
+                Out {
+                    topic: self.outputs.topic(d.route),
+                    key: d.key.as_deref(),
+                    payload: Some(&d.payload),
+                    partition: d.partition,
+                    header: Some((ORIGIN_HEADER, d.origin.as_bytes())),
+                },
+            )?;
+        }
+        self.deferred_bytes = 0;
+        Ok(())
+    }
+
+    /// Whether events must wait ([`Session::defer`]): the cycle before the
+    /// open one is still committing.
+    pub fn defers(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Keeps an event of the open cycle until its transaction begins.
+    pub fn defer(
+        &mut self,
+        route: Route,
+        key: Option<&[u8]>,
+        payload: Vec<u8>,
+        partition: Option<i32>,
+        origin: String,
+    ) {
+        self.deferred_bytes += payload.len() + key.map_or(0, <[u8]>::len);
+        self.deferred.push(Deferred {
+            route,
+            key: key.map(<[u8]>::to_vec),
+            payload,
+            partition,
+            origin,
+        });
+    }
+
+    /// An input record of the open cycle was read at `at`.
+    pub fn note_read(&mut self, at: Instant) {
+        self.read_at.push(at);
+    }
+
+    /// The open cycle's transaction now commits off the poll loop (`f`,
+    /// its offsets and records sent): the next records open the next cycle.
+    pub fn detach(
+        &mut self,
+        done: mpsc::Receiver<Result<()>>,
+        thread: JoinHandle<()>,
+        sealed: Vec<Tp>,
+        started: Instant,
+    ) {
+        self.in_flight = Some(InFlight {
+            done,
+            thread: Some(thread),
+            sealed,
+            started,
+            agreement: self.agreement_sums(),
+            read_at: std::mem::take(&mut self.read_at),
+        });
+        self.metrics.commit_in_flight(true);
+        self.in_cycle = false;
+        self.txn_open = false;
+        self.offsets.clear();
+    }
+
+    /// The overlapped commit's answer, once it is in: waits up to
+    /// `wait` for it (`None`: only takes one already there). A commit that
+    /// does not answer in time fails as its step would.
+    pub fn take_landed(&mut self, wait: Option<Duration>) -> Option<(Result<()>, InFlight)> {
+        let f = self.in_flight.as_ref()?;
+        let result = match wait {
+            Some(t) => match f.done.recv_timeout(t) {
+                Ok(r) => r,
+                Err(mpsc::RecvTimeoutError::Timeout) => Err(ServiceError::broker(format!(
+                    "commit transaction: no answer within {t:?}"
+                ))),
+                Err(mpsc::RecvTimeoutError::Disconnected) => Err(ServiceError::internal(
+                    "the committer thread ended without an answer",
+                )),
+            },
+            None => match f.done.try_recv() {
+                Ok(r) => r,
+                Err(mpsc::TryRecvError::Empty) => return None,
+                Err(mpsc::TryRecvError::Disconnected) => Err(ServiceError::internal(
+                    "the committer thread ended without an answer",
+                )),
+            },
+        };
+        let mut f = self.in_flight.take()?;
+        self.metrics.commit_in_flight(false);
+        if result.is_ok() {
+            if let Some(t) = f.thread.take() {
+                let _ = t.join();
+            }
+            self.metrics.vote_commit_latency(&f.read_at, Instant::now());
+            self.producer.poll(Duration::ZERO);
+            if let Some(e) = self.producer.context().take_failure() {
+                tracing::debug!("stale delivery failure after commit: {e}");
+            }
+        } else {
+            // Told to end, the transaction is aborted; a thread still in
+            // its commit (no answer in time) is left to finish on its own:
+            // the session is rebuilt, and its producer fences this one.
+            let timeout = step_budget(Instant::now(), self.deadline, None);
+            if let Err(e) = self.producer.abort_transaction(timeout) {
+                tracing::warn!("abort of the failed transaction: {e}");
+            }
+        }
+        Some((result, f))
     }
 
     /// Whether a cycle is open.
@@ -219,6 +422,7 @@ impl Session {
     /// and no longer to be aborted.
     pub fn cycle_durable(&mut self) {
         self.in_cycle = false;
+        self.txn_open = false;
     }
 
     /// The open cycle reaches input offset `next` of `tp`.
@@ -241,9 +445,12 @@ impl Session {
         Ok(tpl)
     }
 
-    /// The open cycle's input offsets are committed.
+    /// The open cycle's input offsets are committed (with its events).
     pub fn offsets_committed(&mut self) {
         self.offsets.clear();
+        self.metrics
+            .vote_commit_latency(&self.read_at, Instant::now());
+        self.read_at.clear();
     }
 
     /// Marks the session for a rebuild (the first reason is kept).
@@ -294,8 +501,16 @@ impl Session {
     /// Drops the open cycle; the in-memory state now runs ahead of what was
     /// committed, so the session is marked for a rebuild.
     pub fn abort(&mut self) {
+        // A commit in flight answers first (within the step's time): the
+        // producer takes one transaction at a time.
+        let wait = step_budget(Instant::now(), self.deadline, None);
+        let _ = self.take_landed(Some(wait));
+        self.deferred.clear();
+        self.deferred_bytes = 0;
+        self.read_at.clear();
         if self.in_cycle {
-            if transactional(self.delivery) {
+            if self.txn_open {
+                self.txn_open = false;
                 // Not capped by the transaction's deadline: past it, the
                 // abort still tells the broker at once.
                 let timeout = step_budget(Instant::now(), self.deadline, None);
@@ -314,8 +529,23 @@ impl Session {
         ));
     }
 
-    /// After a commit: the metrics the cycle moved.
-    pub fn committed(&self, started: Instant) {
+    /// Each partition's agreement sums as the engines hold them now (as a
+    /// cycle that was just sealed left them).
+    pub fn agreement_sums(&self) -> AgreementSums {
+        self.parts
+            .iter()
+            .map(|(tp, part)| {
+                (
+                    format!("{}-{}", tp.0, tp.1),
+                    part.engine().agreement().clone(),
+                )
+            })
+            .collect()
+    }
+
+    /// After a commit: the metrics the cycle moved (`sums`: the agreement
+    /// sums it committed, [`Session::agreement_sums`] at its seal).
+    pub fn committed(&self, started: Instant, sums: &AgreementSums) {
         self.metrics
             .commit_duration(started.elapsed().as_secs_f64());
         self.refresh_gauges();
@@ -323,17 +553,17 @@ impl Session {
             .agreement_counted
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        for (tp, part) in &self.parts {
-            let partition = format!("{}-{}", tp.0, tp.1);
-            for (rubric, sums) in counted.committed(&partition, part.engine().agreement()) {
+        for (partition, sums) in sums {
+            for (rubric, sums) in counted.committed(partition, sums) {
                 self.metrics.agreement(&rubric, sums);
             }
         }
     }
 
-    /// Bytes of events waiting in outboxes.
+    /// Bytes of events waiting in outboxes, or for the open cycle's
+    /// transaction to begin.
     pub fn outbox_bytes(&self) -> usize {
-        self.parts.values().map(Part::held_bytes).sum()
+        self.deferred_bytes + self.parts.values().map(Part::held_bytes).sum::<usize>()
     }
 
     /// Folds every partition's engine counters and gauges into the metrics.

@@ -50,6 +50,12 @@ pub const WATERMARK: &str = "jurystream_watermark_timestamp_seconds";
 pub const PARTITION_READY: &str = "jurystream_partition_ready";
 pub const CONSUMER_LAG: &str = "jurystream_consumer_lag_messages";
 pub const COMMIT_DURATION: &str = "jurystream_commit_duration_seconds";
+/// Per input record: from its read off the input partition to the commit
+/// of its cycle (its events visible, its offset committed).
+pub const VOTE_COMMIT_LATENCY: &str = "jurystream_vote_commit_latency_seconds";
+/// `exactly_once`: 1 while a cycle's transaction commits off the poll loop
+/// (the next cycle is read and processed meanwhile), else 0.
+pub const COMMIT_IN_FLIGHT: &str = "jurystream_commit_in_flight";
 pub const RESTORE_DURATION: &str = "jurystream_state_restore_duration_seconds";
 pub const BUILD_INFO: &str = "jurystream_build_info";
 /// Panics in any thread of the process (`run` and `connect`): each is a
@@ -149,6 +155,10 @@ const FRESHNESS_BUCKETS: &[f64] = &[
 const SCORE_BUCKETS: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
 const BATCH_VOTE_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 250.0, 1000.0];
 const VARIANCE_BUCKETS: &[f64] = &[0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.25];
+/// Finer where a reviewer could notice (tens to hundreds of milliseconds).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0,
+];
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
@@ -440,6 +450,8 @@ pub struct Metrics {
     held: Mutex<FxHashSet<PartitionLabel>>,
     lag: Family<TopicPartition, Gauge>,
     commit: Histogram,
+    vote_latency: Histogram,
+    commit_in_flight: Gauge,
     restore: Histogram,
     restored_records: Counter,
     rebalances: Family<EventLabel, Counter>,
@@ -636,6 +648,22 @@ impl Metrics {
             commit.clone(),
             false,
         );
+        let vote_latency = histogram(LATENCY_BUCKETS);
+        register(
+            r,
+            VOTE_COMMIT_LATENCY,
+            "Time from an input record's read to the commit of its cycle (its events visible, its offset committed).",
+            vote_latency.clone(),
+            false,
+        );
+        let commit_in_flight = Gauge::default();
+        register(
+            r,
+            COMMIT_IN_FLIGHT,
+            "1 while a cycle's transaction commits off the poll loop (exactly_once; the next cycle is processed meanwhile), else 0.",
+            commit_in_flight.clone(),
+            false,
+        );
         let restore = histogram(SECONDS_BUCKETS);
         register(
             r,
@@ -770,6 +798,8 @@ impl Metrics {
             held: Mutex::new(FxHashSet::default()),
             lag,
             commit,
+            vote_latency,
+            commit_in_flight,
             restore,
             restored_records,
             rebalances,
@@ -1023,6 +1053,18 @@ impl Metrics {
 
     pub fn commit_duration(&self, seconds: f64) {
         self.commit.observe(seconds);
+    }
+
+    /// A cycle committed at `at`: each of its records' latency from its read.
+    pub fn vote_commit_latency(&self, read_at: &[std::time::Instant], at: std::time::Instant) {
+        for t in read_at {
+            self.vote_latency
+                .observe(at.saturating_duration_since(*t).as_secs_f64());
+        }
+    }
+
+    pub fn commit_in_flight(&self, on: bool) {
+        self.commit_in_flight.set(i64::from(on));
     }
 
     pub fn restore_duration(&self, seconds: f64) {
