@@ -53,7 +53,7 @@ impl Outputs {
 /// own (`cycle::overlap`) while the poll loop reads and processes the next.
 pub struct InFlight {
     /// The committer's answer.
-    pub done: mpsc::Receiver<Result<()>>,
+    done: mpsc::Receiver<Result<()>>,
     /// The committer (`None` once joined).
     thread: Option<JoinHandle<()>>,
     /// The partitions the cycle sealed: their RocksDB writes start when it
@@ -67,9 +67,10 @@ pub struct InFlight {
     read_at: Vec<Instant>,
 }
 
-/// A test's pause in the committer (`JURYSTREAM_TEST_HOLD_COMMIT`, read at start; docs/testing.md): before
-/// the commit is asked for, or after it answered, so that a kill -9 can
-/// land at either instant while the next cycle is processed.
+/// A test's pause in the committer (`JURYSTREAM_TEST_HOLD_COMMIT`, read
+/// at start; docs/testing.md): before the commit is asked for, or after it
+/// answered, so that a kill -9 can land at either instant while the next
+/// cycle is processed. Unset, nothing pauses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitHold {
     Before(Duration),
@@ -339,8 +340,9 @@ impl Session {
         self.read_at.push(at);
     }
 
-    /// The open cycle's transaction now commits off the poll loop (`f`,
-    /// its offsets and records sent): the next records open the next cycle.
+    /// The open cycle's transaction now commits off the poll loop (on
+    /// `thread`, which answers on `done`; its records and marker are
+    /// sent): the next records open the next cycle.
     pub fn detach(
         &mut self,
         done: mpsc::Receiver<Result<()>>,
