@@ -1,10 +1,12 @@
 //! The service's Kafka plumbing: the names it derives from its
-//! configuration, the record sender, the delivery callbacks, and the
+//! configuration (and which partition directories are due for cleanup),
+//! the output topics, the record sender, the delivery callbacks, and the
 //! partitioner that outbox mode computes itself (client settings shared
 //! with `connect` and the tools are in [`crate::kafka`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
@@ -16,6 +18,7 @@ use rdkafka::ClientContext;
 use super::error::{Result, ServiceError};
 use crate::config::Config;
 use crate::kafka::{property, send_waiting};
+use crate::output::Route;
 
 /// An input (or changelog) topic partition.
 pub type Tp = (String, i32);
@@ -147,6 +150,38 @@ fn hostname() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// Output topic names and partition counts, by [`Route`].
+pub struct Outputs {
+    pub topics: [String; 4],
+    pub partitions: [i32; 4],
+}
+
+impl Outputs {
+    pub fn topic(&self, r: Route) -> &str {
+        &self.topics[r.index()]
+    }
+
+    pub fn partitions(&self, r: Route) -> i32 {
+        self.partitions[r.index()]
+    }
+}
+
+/// Partitions of `unowned` to delete at `now`: not owned for `grace`.
+pub fn cleanup_due(
+    unowned: &HashMap<Tp, Instant>,
+    owned: impl Fn(&Tp) -> bool,
+    now: Instant,
+    grace: Duration,
+) -> Vec<Tp> {
+    let mut due: Vec<Tp> = unowned
+        .iter()
+        .filter(|(tp, since)| now.saturating_duration_since(**since) >= grace && !owned(tp))
+        .map(|(tp, _)| tp.clone())
+        .collect();
+    due.sort();
+    due
+}
+
 /// One record to send.
 pub struct Out<'a> {
     pub topic: &'a str,
@@ -271,6 +306,26 @@ impl ProducerContext for ProduceCtx {
 mod tests {
     use super::*;
     use crate::error::Classify;
+
+    #[test]
+    fn unowned_state_is_removed_after_the_grace_only() {
+        let t0 = Instant::now();
+        let mut unowned = HashMap::new();
+        unowned.insert(("votes".to_string(), 0), t0);
+        unowned.insert(("votes".to_string(), 1), t0 + Duration::from_secs(5));
+        unowned.insert(("votes".to_string(), 2), t0);
+        let owned = |tp: &Tp| tp.1 == 2;
+        let grace = Duration::from_secs(10);
+        assert!(cleanup_due(&unowned, owned, t0 + Duration::from_secs(9), grace).is_empty());
+        assert_eq!(
+            cleanup_due(&unowned, owned, t0 + Duration::from_secs(10), grace),
+            vec![("votes".to_string(), 0)]
+        );
+        assert_eq!(
+            cleanup_due(&unowned, owned, t0 + Duration::from_secs(15), grace).len(),
+            2
+        );
+    }
 
     #[test]
     fn outbox_partitions_follow_librdkafkas_crc32() {

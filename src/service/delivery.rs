@@ -15,8 +15,9 @@ use super::changelog::{OutEvent, CHANGELOG_HEADER, CYCLE_KEY};
 use super::client::{send, Out, ProduceCtx, Tp, ORIGIN_HEADER};
 use super::cycle::{drive, drive_part, overlap, Step, Steps};
 use super::error::{Result, ServiceError};
+use super::overlap::CommitHold;
 use super::reconcile::origin;
-use super::session::{CommitHold, Session};
+use super::session::Session;
 use crate::config::Delivery;
 
 /// Ends the open cycle in the delivery mode's order and waits for its
@@ -97,7 +98,7 @@ fn detach<C: ConsumerContext>(
         offsets: s.offset_list()?,
         meta: consumer.group_metadata(),
         timeout: s.step_timeout(),
-        hold: s.commit_hold,
+        hold: s.overlap.hold,
     };
     let mode = s.delivery;
     let (tx, done) = mpsc::sync_channel(1);

@@ -8,6 +8,7 @@ use super::changelog::OutEvent;
 use super::client::{outbox_partition, send, Out, Tp, ORIGIN_HEADER};
 use super::cycle::holds_events;
 use super::error::Result;
+use super::overlap::Deferred;
 use super::reconcile::origin;
 use super::session::{not_assigned, Session};
 use crate::engine::Outcome;
@@ -112,7 +113,13 @@ impl Session {
             });
             Ok(())
         } else if self.defers() {
-            self.defer(route, key, payload, partition, origin(tp, seq, idx));
+            self.defer(Deferred {
+                route,
+                key: key.map(<[u8]>::to_vec),
+                payload,
+                partition,
+                origin: origin(tp, seq, idx),
+            });
             Ok(())
         } else {
             send(

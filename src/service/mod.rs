@@ -4,7 +4,8 @@
 //! go through the engine ([`ingest`]); every `kafka.commit_interval_ms` the
 //! open cycle is committed in the order of the delivery mode
 //! ([`delivery`]: `exactly_once` = one Kafka transaction, `exactly_once_outbox`,
-//! `at_least_once`). Each cycle of an input partition ends with a cycle
+//! `at_least_once`; in `exactly_once` the commit's wait overlaps the next
+//! cycle, [`overlap`]). Each cycle of an input partition ends with a cycle
 //! marker in that partition's changelog ([`changelog`]); RocksDB is written
 //! only after the changelog is durable, with the position it reflects. On
 //! assignment a partition's state is RocksDB plus the committed changelog
@@ -21,6 +22,7 @@ mod cycle;
 mod delivery;
 pub mod error;
 mod ingest;
+mod overlap;
 mod part;
 mod rebalance;
 mod reconcile;

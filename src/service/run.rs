@@ -12,7 +12,7 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{check_outbox_partitioner, Names, ProduceCtx, StateDirLock, Tp};
+use super::client::{check_outbox_partitioner, Names, Outputs, ProduceCtx, StateDirLock, Tp};
 use super::context::Ctx;
 use super::delivery::{commit, commit_overlapped, hand_over, land};
 use super::error::{Classify, Result, ServiceError};
@@ -20,7 +20,7 @@ use super::part::join_lingering;
 use super::rebalance::{drive_restore, not_restored, Consumer};
 use super::reputation::Reputation;
 use super::restore::local_partitions;
-use super::session::{Outputs, Session};
+use super::session::Session;
 use super::topics;
 use crate::api::http::Api;
 use crate::api::Holdings;

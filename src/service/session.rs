@@ -6,102 +6,30 @@
 //! `super::rebalance`.
 
 use std::collections::HashMap;
-use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{partition_dir, send, Names, Out, ProduceCtx, Tp, ORIGIN_HEADER};
+use super::client::{
+    cleanup_due, partition_dir, send, Names, Out, Outputs, ProduceCtx, Tp, ORIGIN_HEADER,
+};
 use super::cycle::transactional;
 use super::error::{Result, ServiceError};
+use super::overlap::{AgreementSums, Deferred, InFlight, Overlap};
 use super::part::Part;
 use super::restore::RestoreJob;
 use crate::config::{Config, Delivery, TRANSACTION_MARGIN_MS};
-use crate::engine::agreement::RubricSums;
 use crate::engine::ScoreUpdate;
 use crate::input::DecodeOptions;
-use crate::input::Id;
 use crate::kafka::property;
-use crate::output::Route;
 use crate::state::Store;
 use crate::telemetry::Metrics;
 use crate::time::Nanos;
-use rustc_hash::FxHashMap;
 
 /// How long one step of a commit cycle may take outside a rebalance.
 const CYCLE_STEP_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Output topic names and partition counts, by [`Route`].
-pub struct Outputs {
-    pub topics: [String; 4],
-    pub partitions: [i32; 4],
-}
-
-impl Outputs {
-    pub fn topic(&self, r: Route) -> &str {
-        &self.topics[r.index()]
-    }
-
-    pub fn partitions(&self, r: Route) -> i32 {
-        self.partitions[r.index()]
-    }
-}
-
-/// `exactly_once`: a cycle whose transaction commits on a thread of its
-/// own (`cycle::overlap`) while the poll loop reads and processes the next.
-pub struct InFlight {
-    /// The committer's answer.
-    done: mpsc::Receiver<Result<()>>,
-    /// The committer (`None` once joined).
-    thread: Option<JoinHandle<()>>,
-    /// The partitions the cycle sealed: their RocksDB writes start when it
-    /// lands.
-    pub sealed: Vec<Tp>,
-    /// When its commit started (the commit duration).
-    pub started: Instant,
-    /// The agreement sums it commits.
-    pub agreement: AgreementSums,
-    /// When each of its records was read (the commit latency).
-    read_at: Vec<Instant>,
-}
-
-/// A test's pause in the committer (`JURYSTREAM_TEST_HOLD_COMMIT`, read
-/// at start; docs/testing.md): before the commit is asked for, or after it
-/// answered, so that a kill -9 can land at either instant while the next
-/// cycle is processed. Unset, nothing pauses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommitHold {
-    Before(Duration),
-    After(Duration),
-}
-
-impl CommitHold {
-    /// `before:MS` or `after:MS`.
-    pub fn parse(v: &str) -> Option<CommitHold> {
-        let (at, ms) = v.trim().split_once(':')?;
-        let d = Duration::from_millis(ms.trim().parse().ok()?);
-        match at.trim() {
-            "before" => Some(CommitHold::Before(d)),
-            "after" => Some(CommitHold::After(d)),
-            _ => None,
-        }
-    }
-}
-
-/// Per partition (`topic-partition`), its agreement sums by rubric.
-pub type AgreementSums = Vec<(String, FxHashMap<Id, RubricSums>)>;
-
-/// An event the open cycle emitted while the cycle before it commits: sent
-/// once that commit has answered and this cycle's transaction has begun.
-struct Deferred {
-    route: Route,
-    key: Option<Vec<u8>>,
-    payload: Vec<u8>,
-    partition: Option<i32>,
-    origin: String,
-}
 
 pub struct Session {
     pub cfg: Config,
@@ -109,7 +37,7 @@ pub struct Session {
     pub decode: DecodeOptions,
     /// `input.max_future_skew_seconds` in nanoseconds.
     pub max_skew: Nanos,
-    /// Shared with an overlapped commit's thread ([`InFlight`]).
+    /// Shared with an overlapped commit's thread (`super::overlap`).
     pub producer: Arc<BaseProducer<ProduceCtx>>,
     pub delivery: Delivery,
     pub outputs: Outputs,
@@ -123,15 +51,11 @@ pub struct Session {
     /// `exactly_once`: whether the open cycle's transaction has begun (it
     /// begins only once the cycle before it has committed).
     txn_open: bool,
-    /// The cycle before the open one, committing off the poll loop.
-    in_flight: Option<InFlight>,
-    /// Events of the open cycle waiting for its transaction to begin.
-    deferred: Vec<Deferred>,
-    deferred_bytes: usize,
+    /// The cycle before the open one, committing off the poll loop, and
+    /// the open cycle's events waiting for its transaction to begin.
+    pub overlap: Overlap,
     /// When each input record of the open cycle was read.
     read_at: Vec<Instant>,
-    /// A test's pause in overlapped commits.
-    pub commit_hold: Option<CommitHold>,
     /// Input offsets to commit with the open cycle.
     offsets: HashMap<Tp, i64>,
     /// Set when the session must be rebuilt (a failed commit, a lost assignment).
@@ -190,22 +114,6 @@ pub fn not_assigned(tp: &Tp) -> ServiceError {
     ServiceError::internal(format!("partition {}-{} is not assigned", tp.0, tp.1))
 }
 
-/// Partitions of `unowned` to delete at `now`: not owned for `grace`.
-pub fn cleanup_due(
-    unowned: &HashMap<Tp, Instant>,
-    owned: impl Fn(&Tp) -> bool,
-    now: Instant,
-    grace: Duration,
-) -> Vec<Tp> {
-    let mut due: Vec<Tp> = unowned
-        .iter()
-        .filter(|(tp, since)| now.saturating_duration_since(**since) >= grace && !owned(tp))
-        .map(|(tp, _)| tp.clone())
-        .collect();
-    due.sort();
-    due
-}
-
 impl Session {
     pub fn new(
         cfg: &Config,
@@ -230,13 +138,8 @@ impl Session {
             in_cycle: false,
             cycle_started: Instant::now(),
             txn_open: false,
-            in_flight: None,
-            deferred: Vec::new(),
-            deferred_bytes: 0,
+            overlap: Overlap::new(),
             read_at: Vec::new(),
-            commit_hold: std::env::var("JURYSTREAM_TEST_HOLD_COMMIT")
-                .ok()
-                .and_then(|v| CommitHold::parse(&v)),
             offsets: HashMap::new(),
             broken: None,
             updates: Vec::new(),
@@ -278,7 +181,7 @@ impl Session {
             self.in_cycle = true;
             self.cycle_started = Instant::now();
         }
-        if !self.txn_open && self.in_flight.is_none() && transactional(self.delivery) {
+        if !self.txn_open && !self.overlap.busy() && transactional(self.delivery) {
             self.begin_deferred()?;
         }
         Ok(())
@@ -294,7 +197,7 @@ impl Session {
             .begin_transaction()
             .map_err(|e| ServiceError::kafka_txn("begin transaction", e))?;
         self.txn_open = true;
-        for d in std::mem::take(&mut self.deferred) {
+        for d in self.overlap.take_deferred() {
             send(
                 &self.producer,
                 Out {
@@ -306,33 +209,18 @@ impl Session {
                 },
             )?;
         }
-        self.deferred_bytes = 0;
         Ok(())
     }
 
     /// Whether events must wait ([`Session::defer`]): the cycle before the
     /// open one is still committing.
     pub fn defers(&self) -> bool {
-        self.in_flight.is_some()
+        self.overlap.busy()
     }
 
     /// Keeps an event of the open cycle until its transaction begins.
-    pub fn defer(
-        &mut self,
-        route: Route,
-        key: Option<&[u8]>,
-        payload: Vec<u8>,
-        partition: Option<i32>,
-        origin: String,
-    ) {
-        self.deferred_bytes += payload.len() + key.map_or(0, <[u8]>::len);
-        self.deferred.push(Deferred {
-            route,
-            key: key.map(<[u8]>::to_vec),
-            payload,
-            partition,
-            origin,
-        });
+    pub fn defer(&mut self, ev: Deferred) {
+        self.overlap.defer(ev);
     }
 
     /// An input record of the open cycle was read at `at`.
@@ -340,68 +228,41 @@ impl Session {
         self.read_at.push(at);
     }
 
-    /// The open cycle's transaction now commits off the poll loop (on
-    /// `thread`, which answers on `done`; its records and marker are
-    /// sent): the next records open the next cycle.
+    /// The open cycle's transaction now commits off the poll loop
+    /// ([`InFlight::new`] of `done`, `thread`, `sealed` and `started`; its
+    /// records and marker are sent): the next records open the next cycle.
     pub fn detach(
         &mut self,
-        done: mpsc::Receiver<Result<()>>,
-        thread: JoinHandle<()>,
+        done: std::sync::mpsc::Receiver<Result<()>>,
+        thread: std::thread::JoinHandle<()>,
         sealed: Vec<Tp>,
         started: Instant,
     ) {
-        self.in_flight = Some(InFlight {
-            done,
-            thread: Some(thread),
-            sealed,
-            started,
-            agreement: self.agreement_sums(),
-            read_at: std::mem::take(&mut self.read_at),
-        });
+        let read_at = std::mem::take(&mut self.read_at);
+        let agreement = self.agreement_sums();
+        self.overlap.start(InFlight::new(
+            done, thread, sealed, started, agreement, read_at,
+        ));
         self.metrics.commit_in_flight(true);
         self.in_cycle = false;
         self.txn_open = false;
         self.offsets.clear();
     }
 
-    /// The overlapped commit's answer, once it is in: waits up to
-    /// `wait` for it (`None`: only takes one already there). A commit that
-    /// does not answer in time fails as its step would.
+    /// The overlapped commit's answer, once it is in (`wait`: as
+    /// [`Overlap::answer`]). Committed: its records' commit latency. Failed:
+    /// its transaction is aborted (the session is then rebuilt, and a
+    /// committer still without an answer is fenced by the next producer).
     pub fn take_landed(&mut self, wait: Option<Duration>) -> Option<(Result<()>, InFlight)> {
-        let f = self.in_flight.as_ref()?;
-        let result = match wait {
-            Some(t) => match f.done.recv_timeout(t) {
-                Ok(r) => r,
-                Err(mpsc::RecvTimeoutError::Timeout) => Err(ServiceError::broker(format!(
-                    "commit transaction: no answer within {t:?}"
-                ))),
-                Err(mpsc::RecvTimeoutError::Disconnected) => Err(ServiceError::internal(
-                    "the committer thread ended without an answer",
-                )),
-            },
-            None => match f.done.try_recv() {
-                Ok(r) => r,
-                Err(mpsc::TryRecvError::Empty) => return None,
-                Err(mpsc::TryRecvError::Disconnected) => Err(ServiceError::internal(
-                    "the committer thread ended without an answer",
-                )),
-            },
-        };
-        let mut f = self.in_flight.take()?;
+        let (result, f) = self.overlap.answer(wait)?;
         self.metrics.commit_in_flight(false);
         if result.is_ok() {
-            if let Some(t) = f.thread.take() {
-                let _ = t.join();
-            }
             self.metrics.vote_commit_latency(&f.read_at, Instant::now());
             self.producer.poll(Duration::ZERO);
             if let Some(e) = self.producer.context().take_failure() {
                 tracing::debug!("stale delivery failure after commit: {e}");
             }
         } else {
-            // Told to end, the transaction is aborted; a thread still in
-            // its commit (no answer in time) is left to finish on its own:
-            // the session is rebuilt, and its producer fences this one.
             let timeout = step_budget(Instant::now(), self.deadline, None);
             if let Err(e) = self.producer.abort_transaction(timeout) {
                 tracing::warn!("abort of the failed transaction: {e}");
@@ -507,8 +368,7 @@ impl Session {
         // producer takes one transaction at a time.
         let wait = step_budget(Instant::now(), self.deadline, None);
         let _ = self.take_landed(Some(wait));
-        self.deferred.clear();
-        self.deferred_bytes = 0;
+        self.overlap.take_deferred();
         self.read_at.clear();
         if self.in_cycle {
             if self.txn_open {
@@ -565,7 +425,7 @@ impl Session {
     /// Bytes of events waiting in outboxes, or for the open cycle's
     /// transaction to begin.
     pub fn outbox_bytes(&self) -> usize {
-        self.deferred_bytes + self.parts.values().map(Part::held_bytes).sum::<usize>()
+        self.overlap.deferred_bytes() + self.parts.values().map(Part::held_bytes).sum::<usize>()
     }
 
     /// Folds every partition's engine counters and gauges into the metrics.
@@ -707,25 +567,5 @@ mod tests {
         assert_eq!(revoke_timeout(Some("soon")), Duration::from_secs(30));
         // No overflow on absurd values.
         assert!(revoke_timeout(Some(&u64::MAX.to_string())) > Duration::from_secs(1));
-    }
-
-    #[test]
-    fn unowned_state_is_removed_after_the_grace_only() {
-        let t0 = Instant::now();
-        let mut unowned = HashMap::new();
-        unowned.insert(("votes".to_string(), 0), t0);
-        unowned.insert(("votes".to_string(), 1), t0 + Duration::from_secs(5));
-        unowned.insert(("votes".to_string(), 2), t0);
-        let owned = |tp: &Tp| tp.1 == 2;
-        let grace = Duration::from_secs(10);
-        assert!(cleanup_due(&unowned, owned, t0 + Duration::from_secs(9), grace).is_empty());
-        assert_eq!(
-            cleanup_due(&unowned, owned, t0 + Duration::from_secs(10), grace),
-            vec![("votes".to_string(), 0)]
-        );
-        assert_eq!(
-            cleanup_due(&unowned, owned, t0 + Duration::from_secs(15), grace).len(),
-            2
-        );
     }
 }
