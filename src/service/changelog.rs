@@ -160,8 +160,7 @@ pub fn write_cycle(
             source,
         })?;
     }
-    // The changelog holds the cycle, and the position says where it ends.
-    store.apply_unlogged(records, positions)
+    store.apply(records, positions)
 }
 
 /// Takes a sealed cycle's `n` outbox chunk values out of its records: the

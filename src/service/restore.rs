@@ -279,7 +279,7 @@ fn catch_up(
                 if let Some(cycle) = appliers[i].push(key, value.as_deref()) {
                     stores[i]
                         .1
-                        .apply_unlogged(&cycle, &[(CHANGELOG_POS, m.offset() + 1)])?;
+                        .apply(&cycle, &[(CHANGELOG_POS, m.offset() + 1)])?;
                 }
             }
         }

@@ -523,33 +523,6 @@ impl Store {
     /// Writes `records` and the `positions` in one atomic batch (with the
     /// local `t` index entry of every identity put).
     pub fn apply(&self, records: &[Record], positions: &[(&str, i64)]) -> Result<(), StoreError> {
-        self.apply_with(records, positions, &WriteOptions::default())
-    }
-
-    /// [`Store::apply`] without RocksDB's write-ahead log, for writes a
-    /// changelog already holds and whose `positions` name where in it they
-    /// end (the service's cycles and restores; Kafka Streams' stores do the
-    /// same). The store is one column family, so a crash (a kill -9 too:
-    /// the memtable is the process's) loses a suffix of whole batches,
-    /// never part of one: the store comes back as it was after an earlier
-    /// batch, with that batch's position, and the restore applies the
-    /// changelog from there. A close flushes what is unlogged.
-    pub fn apply_unlogged(
-        &self,
-        records: &[Record],
-        positions: &[(&str, i64)],
-    ) -> Result<(), StoreError> {
-        let mut no_wal = WriteOptions::default();
-        no_wal.disable_wal(true);
-        self.apply_with(records, positions, &no_wal)
-    }
-
-    fn apply_with(
-        &self,
-        records: &[Record],
-        positions: &[(&str, i64)],
-        opts: &WriteOptions,
-    ) -> Result<(), StoreError> {
         let mut index = Vec::new();
         for (k, v) in records {
             if let Some(t) = v.as_deref().map(|v| self.index_entry(k, v)).transpose()? {
@@ -567,7 +540,7 @@ impl Store {
         for (name, value) in positions {
             wb.put(position_key(name), value.to_le_bytes());
         }
-        self.write_lowering(wb, earliest, opts)
+        self.write_lowering(wb, earliest, &WriteOptions::default())
     }
 
     /// The `t` index entry that goes with a put of `key`, if it is an
