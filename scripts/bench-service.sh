@@ -21,6 +21,9 @@
 # Targets (issue 42): run's CPU per vote <= 2x replay's in every mode;
 # exactly_once >= 0.8x at_least_once's throughput; exactly_once >= 5x
 # Quix's exactly-once throughput at >= 4x less CPU per vote.
+# PERF=1 also records each backlog `run` with `perf record -F 499` (to
+# $WORK/perf-MODE.data) and prints its CPU by thread (docs/PERFORMANCE.md's
+# breakdown; perf's own cost shows in that run's numbers).
 # JURYSTREAM_BIN=PATH measures that binary instead of the release build;
 # COMMIT_INTERVAL_MS applies to every mode (default: each mode's own).
 set -euo pipefail
@@ -81,10 +84,23 @@ measure() {
     start=$(date +%s.%N)
     "$@" > "$WORK/$label.log" 2>&1 &
     pid=$!
+    local perf=""
+    if [ "${PERF:-0}" = 1 ] && [ "${2:-}" = run ]; then
+        perf record -F 499 -g -p "$pid" -o "$WORK/perf-$label.data" > /dev/null 2>&1 &
+        perf=$!
+    fi
     "$HELPER" wait "$BROKERS" "$RUN-votes" "$group" "$TOTAL" > /dev/null
     end=$(date +%s.%N)
     ticks=$(awk '{print $14 + $15}' /proc/$pid/stat)
+    if [ -n "$perf" ]; then
+        kill -INT "$perf"; wait "$perf" || true
+    fi
     kill -TERM $pid; wait $pid || true
+    if [ -n "$perf" ]; then
+        echo "  $label, CPU by thread:"
+        perf report -i "$WORK/perf-$label.data" --no-children --sort comm --stdio -g none 2>/dev/null \
+            | grep -v '^#' | grep -v '^$' | head -8 | sed 's/^/    /'
+    fi
     python3 -c 'import sys; s, e, t, k = map(float, sys.argv[2:6]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f}")' \
         "$label" "$start" "$end" "$ticks" "$TCK" >> "$RESULTS"
     echo "  $(tail -1 "$RESULTS")"
