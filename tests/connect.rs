@@ -400,56 +400,6 @@ fn sigterm_answers_503_serves_the_drain_then_exits() {
     );
 }
 
-/// Debian's haproxy in front of connect instances: health check on
-/// `/readyz` every 200 ms, out after one failure, no retries (Label Studio
-/// does not retry a webhook either). Skips (fails with
-/// JURYSTREAM_REQUIRE_BROKER=1) when haproxy is not installed.
-struct Haproxy {
-    child: Child,
-    port: u16,
-}
-
-impl Haproxy {
-    fn start(dir: &Path, backends: &[u16]) -> Option<Haproxy> {
-        let Ok(found) = Command::new("haproxy").arg("-v").output() else {
-            skip_or_fail(
-                "haproxy",
-                "apt-get install haproxy (scripts/install-deps.sh)",
-            );
-            return None;
-        };
-        assert!(found.status.success());
-        let port = free_port();
-        let mut cfg = format!(
-            "global\n  maxconn 256\ndefaults\n  mode http\n  retries 0\n  timeout connect 2s\n  \
-             timeout client 30s\n  timeout server 30s\nfrontend votes\n  bind 127.0.0.1:{port}\n  \
-             default_backend connect\nbackend connect\n  balance roundrobin\n  \
-             option httpchk GET /readyz\n  http-check expect status 200\n  \
-             default-server inter 200 fall 1 rise 1\n"
-        );
-        for (i, b) in backends.iter().enumerate() {
-            cfg.push_str(&format!("  server c{i} 127.0.0.1:{b} check\n"));
-        }
-        let file = dir.join("haproxy.cfg");
-        std::fs::write(&file, cfg).unwrap();
-        let child = Command::new("haproxy")
-            .args(["-db", "-f"])
-            .arg(&file)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("haproxy.log")).unwrap())
-            .spawn()
-            .expect("start haproxy");
-        Some(Haproxy { child, port })
-    }
-}
-
-impl Drop for Haproxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn sigterm(child: &Child) {
     unsafe {
         libc::kill(child.id() as i32, libc::SIGTERM);

@@ -418,3 +418,191 @@ max_annotations = 10
         "no panic in connect: {metrics}"
     );
 }
+
+/// SPEC §12 (v4), issue 41: reviewers annotate in real Label Studio while
+/// the two `connect` instances behind a load balancer (Debian haproxy,
+/// health check on `/readyz`, no retries) restart one after the other, with
+/// the default batching and the sync on. Label Studio's webhook goes to
+/// the balancer and is never retried, so a webhook lost to a restart would
+/// come back only through the sync (`source="sync"`) or not at all: every
+/// vote must reach the input topic, first from its webhook, and `run` must
+/// have accepted every vote from a webhook and none from the sync.
+#[test]
+fn a_rolling_restart_behind_a_load_balancer_loses_no_annotation() {
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let Some(ls) = LabelStudio::start() else {
+        return;
+    };
+    let extra = format!(
+        r#"
+[connect]
+token = "{HOOK_TOKEN}"
+produce_timeout_ms = 5000
+drain_seconds = 2
+
+[label_studio]
+url = "{url}"
+token = "{token}"
+"#,
+        url = ls.url,
+        token = ls.token,
+    );
+    let setup = Setup::new(&broker, "lsroll", 1, "exactly_once", &extra);
+    create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    let dir = setup.dir.path();
+    let ports = [free_port(), free_port()];
+    let mut instances: Vec<Connect> = ports
+        .iter()
+        .map(|p| Connect::start(&setup.config, dir, *p, &[]))
+        .collect();
+    let svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
+    let Some(lb) = Haproxy::start(dir, &ports) else {
+        return;
+    };
+    wait_for("haproxy to pass a request", Duration::from_secs(20), || {
+        (http(lb.port, "/readyz").map(|r| r.0) == Some(200)).then_some(())
+    });
+
+    let state = setup.dir.path().join("ls-state.json");
+    let hook = format!("http://127.0.0.1:{}/hooks/label-studio", lb.port);
+    let made = ls.step(&[
+        "reviewers",
+        "--hook",
+        &hook,
+        "--hook-token",
+        HOOK_TOKEN,
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    assert_eq!(made["tasks"], 8, "{made}");
+    // Reviewers at work: 24 annotations, one every 150 ms plus Label
+    // Studio's own time, in a process of their own.
+    let reviewers = Command::new("python3")
+        .arg(root().join("tests/label_studio/e2e.py"))
+        .args(["--url", &ls.url, "--token", &ls.token])
+        .args(["annotate-loop", "--state", state.to_str().unwrap()])
+        .args(["--count", "24", "--interval-ms", "150"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    for (i, port) in ports.iter().enumerate() {
+        instances[i].stop();
+        instances[i] = Connect::start(&setup.config, dir, *port, &[]);
+        // Back in rotation before the next one goes.
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let done = reviewers.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "annotate-loop: {}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    let annotated: Value = serde_json::from_slice(&done.stdout).unwrap();
+    assert_eq!(annotated["annotations"], 24, "{annotated}");
+
+    let want = expected_votes(&ls, &state);
+    assert_eq!(want.len(), 24 * 3, "three controls per annotation");
+    wait_for(
+        "every vote on the input topic",
+        Duration::from_secs(60),
+        || {
+            let have: BTreeSet<String> = input_votes(&setup).into_iter().collect();
+            (have == want).then_some(())
+        },
+    );
+    let sources = input_sources(&setup);
+    assert!(
+        sources.values().all(|s| s[0] == "webhook"),
+        "every vote came first from its webhook: {sources:?}"
+    );
+    let accepted = |source: &str| {
+        svc.metric(&format!(
+            "jurystream_votes_accepted_total{{source=\"{source}\"}}"
+        ))
+    };
+    wait_for("run to accept every vote", Duration::from_secs(60), || {
+        (accepted("webhook") == Some(want.len() as f64)).then_some(())
+    });
+    assert_eq!(accepted("sync"), Some(0.0), "no webhook was lost");
+    for port in ports {
+        let (_, metrics) = http(port, "/metrics").expect("/metrics");
+        assert!(
+            metrics.contains("\njurystream_panics_total 0\n"),
+            "no panic in connect: {metrics}"
+        );
+    }
+}
+
+/// Issue 41: when a flag sends a task back, `connect` asks for the reviews
+/// it lacks counted as the project's skip setting counts them, on real
+/// Label Studio. One project per setting, one task each: three reviewers
+/// disagree (the batch is flagged), a fourth skips. Under
+/// `IGNORE_SKIPPED` the skip completed the task like an annotation, so
+/// the overlap becomes 4 + 2 extra reviews = 6; under
+/// `REQUEUE_FOR_OTHERS` only the three annotations count: 3 + 2 = 5.
+#[test]
+fn routing_counts_a_skip_as_the_projects_skip_setting_says() {
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let Some(ls) = LabelStudio::start() else {
+        return;
+    };
+    let hook_port = free_port();
+    let extra = format!(
+        r#"
+[connect]
+token = "{HOOK_TOKEN}"
+produce_timeout_ms = 5000
+
+[label_studio]
+url = "{url}"
+token = "{token}"
+sync_interval_seconds = 0
+extra_reviews = 2
+max_annotations = 10
+"#,
+        url = ls.url,
+        token = ls.token,
+    );
+    let setup = Setup::new(&broker, "lsskip", 1, "exactly_once_outbox", &extra);
+    let config = std::fs::read_to_string(&setup.config).unwrap().replace(
+        "[batching]\n",
+        "[batching]\nwindow_seconds = 10\ngrace_seconds = 1\n",
+    );
+    std::fs::write(&setup.config, config).unwrap();
+    create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    let _connect = Connect::start(&setup.config, setup.dir.path(), hook_port, &[]);
+    let _svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
+
+    let state = setup.dir.path().join("ls-state.json");
+    let hook = format!("http://127.0.0.1:{hook_port}/hooks/label-studio");
+    let made = ls.step(&[
+        "skips",
+        "--hook",
+        &hook,
+        "--hook-token",
+        HOOK_TOKEN,
+        "--state",
+        state.to_str().unwrap(),
+    ]);
+    for setting in ["IGNORE_SKIPPED", "REQUEUE_FOR_OTHERS"] {
+        assert_eq!(made[setting]["total_annotations"], 3, "{made}");
+        assert_eq!(made[setting]["cancelled_annotations"], 1, "{made}");
+    }
+    let overlaps = wait_for(
+        "both flagged tasks sent back",
+        Duration::from_secs(90),
+        || {
+            let o = ls.step(&["skip-overlaps", "--state", state.to_str().unwrap()]);
+            let moved = |s: &str| o[s] != made[s]["overlap_before"];
+            (moved("IGNORE_SKIPPED") && moved("REQUEUE_FOR_OTHERS")).then_some(o)
+        },
+    );
+    assert_eq!(overlaps["IGNORE_SKIPPED"], 6, "{overlaps}");
+    assert_eq!(overlaps["REQUEUE_FOR_OTHERS"], 5, "{overlaps}");
+}

@@ -7,6 +7,14 @@ broker, `run` and `connect`, and checks Kafka.
     e2e.py --url U --token T expected --state FILE        the votes §12 maps
     e2e.py --url U --token T annotate-missed --state FILE  (connect is down)
     e2e.py --url U --token T routed --state FILE          task 1 and next/
+    e2e.py --url U --token T reviewers --hook URL --hook-token C --state FILE
+                                               a project, 8 tasks, 4 reviewers
+    e2e.py --url U --token T annotate-loop --state FILE --count N --interval-ms M
+                                               N annotations, one every M ms
+    e2e.py --url U --token T skips --hook URL --hook-token C --state FILE
+                                               a disputed, skipped task per
+                                               skip setting
+    e2e.py --url U --token T skip-overlaps --state FILE   their overlaps now
 
 `expected` maps every annotation version the scenario made, as Label
 Studio answered it, with this file's own reading of §12 (not connect's
@@ -103,6 +111,66 @@ def vote_of(project, task, ann, control, value):
     return vote
 
 
+def reviewers(ls, a):
+    """A project of eight tasks with the webhook, and four reviewers who
+    have annotated nothing yet (the rolling-restart test)."""
+    suffix = os.urandom(4).hex()
+    p = ls.create_project(f"jurystream rolling {suffix}")
+    many = [dict(t, inference_id=f"{t['inference_id']}-{k}") for k in range(2) for t in tasks()]
+    task_ids = ls.import_tasks(p["id"], many)
+    ls.add_webhook(p["id"], a.hook, headers={"Authorization": f"Bearer {a.hook_token}"})
+    people = [ls.create_reviewer(f"q{k}-{suffix}@jurystream.test") for k in range(1, 5)]
+    save(a.state, {"project": p["id"], "tasks": task_ids, "reviewers": people, "versions": []})
+    return {"project": p["id"], "tasks": len(task_ids)}
+
+
+def annotate_loop(ls, a):
+    """Annotation k: task k mod 8 by reviewer k div 8 (each pair once),
+    one every --interval-ms, as reviewers working while connect restarts."""
+    import time
+    state = load(a.state)
+    task_ids, people = state["tasks"], state["reviewers"]
+    assert a.count <= len(task_ids) * len(people), "each (task, reviewer) once"
+    verdicts = [("Pass", 0.9, 5), ("Flag", 0.2, 2), ("Pass", 0.7, 4)]
+    for k in range(a.count):
+        task, who = task_ids[k % len(task_ids)], people[k // len(task_ids)]
+        ann = ls.annotate(task, results(*verdicts[k % 3]), completed_by=who["id"])
+        state["versions"].append(ann)
+        time.sleep(a.interval_ms / 1000)
+    save(a.state, state)
+    return {"annotations": len(state["versions"])}
+
+
+SKIP_SETTINGS = ["IGNORE_SKIPPED", "REQUEUE_FOR_OTHERS"]
+
+
+def skips(ls, a):
+    """One project per skip setting (`skip_queue`), one task each: three
+    reviewers disagree on it (Pass, Flag, Flag) and a fourth skips it."""
+    suffix = os.urandom(4).hex()
+    people = [ls.create_reviewer(f"s{k}-{suffix}@jurystream.test") for k in range(1, 5)]
+    out = {}
+    for setting in SKIP_SETTINGS:
+        p = ls.create_project(f"jurystream skips {setting} {suffix}", skip_queue=setting)
+        assert ls.project(p["id"])["skip_queue"] == setting, "Label Studio kept the setting"
+        task = dict(tasks()[0], inference_id=f"skip-{setting.lower()}-{suffix}")
+        (t,) = ls.import_tasks(p["id"], [task])
+        ls.add_webhook(p["id"], a.hook, headers={"Authorization": f"Bearer {a.hook_token}"})
+        for who, v in zip(people, [("Pass", 0.9, 5), ("Flag", 0.1, 1), ("Flag", 0.2, 2)]):
+            ls.annotate(t, results(*v), completed_by=who["id"])
+        ls.skip(t, completed_by=people[3]["id"])
+        seen = ls.task(t)
+        out[setting] = {"project": p["id"], "task": t, "overlap_before": seen["overlap"],
+                        "total_annotations": seen["total_annotations"],
+                        "cancelled_annotations": seen["cancelled_annotations"]}
+    save(a.state, out)
+    return out
+
+
+def skip_overlaps(ls, a):
+    return {setting: ls.task(v["task"])["overlap"] for setting, v in load(a.state).items()}
+
+
 def expected(ls, a):
     state = load(a.state)
     project = state["project"]
@@ -166,12 +234,26 @@ def main():
     s.add_argument("--hook", required=True)
     s.add_argument("--hook-token", required=True)
     s.add_argument("--state", required=True)
-    for name in ["expected", "annotate-missed", "routed"]:
+    for name in ["expected", "annotate-missed", "routed", "skip-overlaps"]:
         sub.add_parser(name).add_argument("--state", required=True)
+    r = sub.add_parser("reviewers")
+    r.add_argument("--hook", required=True)
+    r.add_argument("--hook-token", required=True)
+    r.add_argument("--state", required=True)
+    sk = sub.add_parser("skips")
+    sk.add_argument("--hook", required=True)
+    sk.add_argument("--hook-token", required=True)
+    sk.add_argument("--state", required=True)
+    loop = sub.add_parser("annotate-loop")
+    loop.add_argument("--state", required=True)
+    loop.add_argument("--count", type=int, required=True)
+    loop.add_argument("--interval-ms", type=int, default=100)
     a = ap.parse_args()
     ls = LabelStudio(a.url, a.token)
     fn = {"scenario": scenario, "expected": expected,
-          "annotate-missed": annotate_missed, "routed": routed}[a.cmd]
+          "annotate-missed": annotate_missed, "routed": routed,
+          "reviewers": reviewers, "annotate-loop": annotate_loop,
+          "skips": skips, "skip-overlaps": skip_overlaps}[a.cmd]
     print(json.dumps(fn(ls, a)))
 
 
