@@ -8,11 +8,13 @@
 #     the PodMonitor (a CRD, not bundled) gets a structural check
 #   - the manifests agree with each other (selectors, ports, probes, state.dir,
 #     metrics.listen, grace period above kafka.shutdown_timeout_ms), also
-#     those of `jurystream connect` (connect-*.yaml: two Deployments, only one
-#     of them syncing, their Services, Secret, PodMonitor, and the same Kafka
-#     settings as the processor)
+#     those of `jurystream connect` (connect-*.yaml: two Deployments, their
+#     Services, Secret, PodMonitor, and the same Kafka settings as the
+#     processor)
 #   - docker-compose.yml against the Compose Specification schema bundled in
-#     check-jsonschema (vendor.compose-spec), and the files it mounts exist
+#     check-jsonschema (vendor.compose-spec), and the files it mounts exist;
+#     its two connect instances behind haproxy (`haproxy -c` on its
+#     haproxy.cfg: Debian's haproxy, scripts/install-deps.sh)
 #   - the Grafana dashboard: every panel has targets with an expr, every
 #     datasource is ${datasource}, the model/rubric variables are there
 #   - the jurystream config files load in jurystream itself (when built; the
@@ -78,6 +80,8 @@ done
 # ---------------------------------------------------------------- compose schema
 step "Compose Specification schema (check-jsonschema vendor.compose-spec)"
 "$VENV/bin/check-jsonschema" --builtin-schema vendor.compose-spec deploy/compose/docker-compose.yml
+step "haproxy -c (the compose stack's balancer in front of connect)"
+haproxy -c -f deploy/compose/haproxy.cfg
 
 # ---------------------------------------------------------------- the rest
 step "parse, cross-checks, dashboard"
@@ -363,7 +367,7 @@ for key in cpms:
 cdir = os.path.join(deploy, "compose")
 comp = docs.get("deploy/compose/docker-compose.yml", [{}])[0]
 services = comp.get("services", {})
-for name in ("kafka", "jurystream", "connect", "prometheus", "grafana"):
+for name in ("kafka", "jurystream", "connect-a", "connect-b", "connect-lb", "prometheus", "grafana"):
     if name not in services:
         err(f"compose: no service {name}")
 if not str(services.get("kafka", {}).get("image", "")).startswith("apache/kafka:"):
@@ -393,20 +397,46 @@ jobs = {j["job_name"]: j for j in prom.get("scrape_configs", [])}
 targets = [t for sc in jobs.get("jurystream", {}).get("static_configs", []) for t in sc.get("targets", [])]
 if "jurystream:9464" not in targets:
     err("prometheus.yml: job jurystream must scrape jurystream:9464")
-# connect: its own config file, the same Kafka settings, scraped as jurystream-connect.
-conn = services.get("connect", {})
-ccmd = conn.get("command", [])
-if ccmd[:2] != ["connect", "--config"] or len(ccmd) < 3:
-    err("compose: connect's command must be connect --config <file>")
-elif not any(v.startswith("./connect.toml:") and v.split(":")[1] == ccmd[2] for v in conn.get("volumes", [])):
-    err("compose: connect's --config is not the mounted ./connect.toml")
-if conn.get("image") != services.get("jurystream", {}).get("image"):
-    err("compose: connect must run the image the jurystream service builds")
-if "9465:9465" not in conn.get("ports", []):
-    err("compose: connect must publish 9465")
-if conn.get("depends_on", {}).get("kafka", {}).get("condition") != "service_healthy":
-    err("compose: connect must depend on a healthy kafka")
+# connect: two instances (its own config file, the same Kafka settings,
+# each scraped as jurystream-connect) behind haproxy, which publishes 9465.
+connects = [n for n, s in services.items() if s.get("command", [None])[0] == "connect"]
+if len(connects) < 2:
+    err(f"compose: two connect instances behind the balancer, not {connects}")
+for cname in connects:
+    conn = services[cname]
+    ccmd = conn.get("command", [])
+    if ccmd[:2] != ["connect", "--config"] or len(ccmd) < 3:
+        err(f"compose: {cname}'s command must be connect --config <file>")
+    elif not any(v.startswith("./connect.toml:") and v.split(":")[1] == ccmd[2] for v in conn.get("volumes", [])):
+        err(f"compose: {cname}'s --config is not the mounted ./connect.toml")
+    if conn.get("image") != services.get("jurystream", {}).get("image"):
+        err(f"compose: {cname} must run the image the jurystream service builds")
+    if conn.get("ports"):
+        err(f"compose: {cname} publishes nothing (connect-lb publishes 9465)")
+    if conn.get("depends_on", {}).get("kafka", {}).get("condition") != "service_healthy":
+        err(f"compose: {cname} must depend on a healthy kafka")
+conn = services.get(connects[0], {}) if connects else {}
+lb = services.get("connect-lb", {})
+if not str(lb.get("image", "")).startswith("haproxy:"):
+    err("compose: connect-lb must run haproxy")
+if "9465:9465" not in lb.get("ports", []):
+    err("compose: connect-lb must publish 9465")
+try:
+    with open(os.path.join(cdir, "haproxy.cfg")) as f:
+        hcfg = f.read()
+except OSError:
+    hcfg = ""
+    err("compose: haproxy.cfg missing")
+if "option httpchk GET /readyz" not in hcfg or "retries 0" not in hcfg:
+    err("compose haproxy.cfg: health check on /readyz and no retries")
+for cname in connects:
+    if not re.search(rf"^\s*server \S+ {re.escape(cname)}:9465 check", hcfg, re.M):
+        err(f"compose haproxy.cfg: no checked server for {cname}")
+m = re.search(r"inter (\d+)s fall (\d+)", hcfg)
 ctoml = docs.get("deploy/compose/connect.toml", [{}])[0]
+# The drain outlasts the balancer's detection (check interval x fall).
+if not m or int(m.group(1)) * int(m.group(2)) >= ctoml.get("connect", {}).get("drain_seconds", 5):
+    err("compose: connect.drain_seconds must exceed haproxy's inter x fall")
 if ctoml.get("connect", {}).get("listen") != "0.0.0.0:9465":
     err("compose connect.toml: connect.listen must be 0.0.0.0:9465")
 for key in ("brokers", "group_id", "input_topics"):
@@ -418,8 +448,8 @@ m = re.fullmatch(r"(\d+)s", str(conn.get("stop_grace_period", "10s")))
 if not m or int(m.group(1)) * 1000 <= ctoml.get("connect", {}).get("produce_timeout_ms", 10000):
     err("compose: connect stop_grace_period must exceed connect.produce_timeout_ms")
 ctargets = [t for sc in jobs.get("jurystream-connect", {}).get("static_configs", []) for t in sc.get("targets", [])]
-if ctargets != ["connect:9465"]:
-    err("prometheus.yml: job jurystream-connect must scrape connect:9465")
+if sorted(ctargets) != sorted(f"{c}:9465" for c in connects):
+    err("prometheus.yml: job jurystream-connect must scrape every connect instance on 9465")
 
 # ---- Dockerfile.
 with open(os.path.join(deploy, "Dockerfile")) as f:
