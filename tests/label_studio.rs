@@ -528,6 +528,70 @@ token = "{token}"
         (accepted("webhook") == Some(want.len() as f64)).then_some(())
     });
     assert_eq!(accepted("sync"), Some(0.0), "no webhook was lost");
+
+    // A separate step: both instances down while two more annotations are
+    // saved (their webhooks fail at the balancer and are not retried);
+    // restarted with a 1 s sync, which delivers exactly those 6 votes.
+    for c in instances.iter_mut() {
+        c.stop();
+    }
+    let missed = ls.step(&[
+        "annotate-loop",
+        "--state",
+        state.to_str().unwrap(),
+        "--start",
+        "24",
+        "--count",
+        "2",
+        "--interval-ms",
+        "0",
+    ]);
+    assert_eq!(missed["annotations"], 26, "{missed}");
+    let sync = [("JURYSTREAM_LABEL_STUDIO__SYNC_INTERVAL_SECONDS", "1")];
+    let _restarted: Vec<Connect> = ports
+        .iter()
+        .map(|p| Connect::start(&setup.config, dir, *p, &sync))
+        .collect();
+    let want = expected_votes(&ls, &state);
+    assert_eq!(want.len(), 26 * 3);
+    wait_for(
+        "the sync to deliver the missed votes",
+        Duration::from_secs(60),
+        || (accepted("sync") == Some(6.0)).then_some(()),
+    );
+    assert_eq!(accepted("webhook"), Some(72.0));
+
+    // Every vote scored: each id in exactly one score_updated, none late,
+    // nothing in the DLQ (60 s windows, closed by the idle flush).
+    let ids: BTreeSet<String> = want
+        .iter()
+        .map(|v| {
+            serde_json::from_str::<Value>(v).unwrap()["vote_id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    let (scored, records) = wait_for("every vote scored", Duration::from_secs(150), || {
+        let records = read_records(&setup.bootstrap, &setup.output_topics());
+        let scored: Vec<String> = records
+            .iter()
+            .filter(|r| r.topic == setup.scores)
+            .flat_map(|r| {
+                r.value["batch"]["vote_ids"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect();
+        (scored.len() >= ids.len()).then_some((scored, records))
+    });
+    let distinct: BTreeSet<String> = scored.iter().cloned().collect();
+    assert_eq!(scored.len(), distinct.len(), "a vote scored twice");
+    assert_eq!(distinct, ids, "every annotation's votes scored");
+    let dlq: Vec<&Record> = records.iter().filter(|r| r.topic == setup.dlq).collect();
+    assert!(dlq.is_empty(), "nothing late or rejected: {dlq:?}");
     for port in ports {
         let (_, metrics) = http(port, "/metrics").expect("/metrics");
         assert!(

@@ -9,8 +9,8 @@ broker, `run` and `connect`, and checks Kafka.
     e2e.py --url U --token T routed --state FILE          task 1 and next/
     e2e.py --url U --token T reviewers --hook URL --hook-token C --state FILE
                                                a project, 8 tasks, 4 reviewers
-    e2e.py --url U --token T annotate-loop --state FILE --count N --interval-ms M
-                                               N annotations, one every M ms
+    e2e.py --url U --token T annotate-loop --state FILE --count N --interval-ms M [--start K]
+                                               N annotations (from the K-th), one every M ms
     e2e.py --url U --token T skips --hook URL --hook-token C --state FILE
                                                a disputed, skipped task per
                                                skip setting
@@ -130,9 +130,9 @@ def annotate_loop(ls, a):
     import time
     state = load(a.state)
     task_ids, people = state["tasks"], state["reviewers"]
-    assert a.count <= len(task_ids) * len(people), "each (task, reviewer) once"
+    assert a.start + a.count <= len(task_ids) * len(people), "each (task, reviewer) once"
     verdicts = [("Pass", 0.9, 5), ("Flag", 0.2, 2), ("Pass", 0.7, 4)]
-    for k in range(a.count):
+    for k in range(a.start, a.start + a.count):
         task, who = task_ids[k % len(task_ids)], people[k // len(task_ids)]
         ann = ls.annotate(task, results(*verdicts[k % 3]), completed_by=who["id"])
         state["versions"].append(ann)
@@ -248,6 +248,7 @@ def main():
     loop.add_argument("--state", required=True)
     loop.add_argument("--count", type=int, required=True)
     loop.add_argument("--interval-ms", type=int, default=100)
+    loop.add_argument("--start", type=int, default=0)
     a = ap.parse_args()
     ls = LabelStudio(a.url, a.token)
     fn = {"scenario": scenario, "expected": expected,
