@@ -232,15 +232,11 @@ fn expected_votes(ls: &LabelStudio, state: &Path) -> BTreeSet<String> {
         .collect()
 }
 
-#[test]
-fn label_studio_votes_flags_and_lost_webhooks_close_the_loop() {
-    let Some(broker) = broker_or_skip(None) else {
-        return;
-    };
-    let Some(ls) = LabelStudio::start() else {
-        return;
-    };
-    let hook_port = free_port();
+/// The routing tests' setup: connect with the hook token, Label Studio
+/// with the sync off and 2 extra reviews per flag (at most 10), one input
+/// partition (the input topic's order is one replay) and 10 s windows (the
+/// flag comes within seconds).
+fn routing_setup(broker: &Broker, ls: &LabelStudio, name: &str) -> Setup {
     let extra = format!(
         r#"
 [connect]
@@ -257,15 +253,26 @@ max_annotations = 10
         url = ls.url,
         token = ls.token,
     );
-    // One partition, so that the input topic's order is one replay; 10 s
-    // windows so that the flag comes within seconds.
-    let setup = Setup::new(&broker, "lsloop", 1, "exactly_once_outbox", &extra);
+    let setup = Setup::new(broker, name, 1, "exactly_once_outbox", &extra);
     let config = std::fs::read_to_string(&setup.config).unwrap().replace(
         "[batching]\n",
         "[batching]\nwindow_seconds = 10\ngrace_seconds = 1\n",
     );
     std::fs::write(&setup.config, config).unwrap();
     create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    setup
+}
+
+#[test]
+fn label_studio_votes_flags_and_lost_webhooks_close_the_loop() {
+    let Some(broker) = broker_or_skip(None) else {
+        return;
+    };
+    let Some(ls) = LabelStudio::start() else {
+        return;
+    };
+    let hook_port = free_port();
+    let setup = routing_setup(&broker, &ls, "lsloop");
     // connect first: its routing subscribes to the flags topic before `run`
     // creates it (librdkafka sees such a topic at its next metadata
     // refresh, which connect makes every 10 s instead of 5 min).
@@ -617,29 +624,7 @@ fn routing_counts_a_skip_as_the_projects_skip_setting_says() {
         return;
     };
     let hook_port = free_port();
-    let extra = format!(
-        r#"
-[connect]
-token = "{HOOK_TOKEN}"
-produce_timeout_ms = 5000
-
-[label_studio]
-url = "{url}"
-token = "{token}"
-sync_interval_seconds = 0
-extra_reviews = 2
-max_annotations = 10
-"#,
-        url = ls.url,
-        token = ls.token,
-    );
-    let setup = Setup::new(&broker, "lsskip", 1, "exactly_once_outbox", &extra);
-    let config = std::fs::read_to_string(&setup.config).unwrap().replace(
-        "[batching]\n",
-        "[batching]\nwindow_seconds = 10\ngrace_seconds = 1\n",
-    );
-    std::fs::write(&setup.config, config).unwrap();
-    create_topic(&setup.bootstrap, &setup.input_topic, 1);
+    let setup = routing_setup(&broker, &ls, "lsskip");
     let _connect = Connect::start(&setup.config, setup.dir.path(), hook_port, &[]);
     let _svc = instance(&setup, "run", "a", "127.0.0.1:0", None);
 
