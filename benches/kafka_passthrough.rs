@@ -77,6 +77,16 @@ fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     let _ = rt.block_on(admin.create_topics(&[t], &AdminOptions::new()));
 }
 
+/// An idempotent producer with `run`'s linger.
+fn producer(brokers: &str) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer")
+}
+
 fn main() {
     let a: Vec<String> = std::env::args()
         .skip(1)
@@ -120,12 +130,7 @@ fn main() {
                 .set("max.poll.interval.ms", "6000")
                 .create()
                 .expect("consumer");
-            let producer: BaseProducer = ClientConfig::new()
-                .set("bootstrap.servers", brokers)
-                .set("enable.idempotence", "true")
-                .set("linger.ms", "5")
-                .create()
-                .expect("producer");
+            let producer: BaseProducer = producer(brokers);
             consumer.subscribe(&[input.as_str()]).expect("subscribe");
             let mut offsets: HashMap<i32, i64> = HashMap::new();
             let mut done = 0i64;
@@ -137,21 +142,8 @@ fn main() {
                     if let Some(k) = m.key() {
                         rec = rec.key(k);
                     }
-                    loop {
-                        match producer.send(rec) {
-                            Ok(()) => break,
-                            Err((
-                                rdkafka::error::KafkaError::MessageProduction(
-                                    rdkafka::types::RDKafkaErrorCode::QueueFull,
-                                ),
-                                r,
-                            )) => {
-                                rec = r;
-                                producer.poll(Duration::from_millis(10));
-                            }
-                            Err((e, _)) => panic!("produce to {output}: {e}"),
-                        }
-                    }
+                    jurystream::kafka::send_waiting(&producer, rec)
+                        .unwrap_or_else(|e| panic!("produce to {output}: {e}"));
                     offsets.insert(m.partition(), m.offset() + 1);
                 }
                 if cycle.elapsed() >= Duration::from_millis(100) && !offsets.is_empty() {
@@ -174,12 +166,7 @@ fn main() {
             let rate: f64 = a[4].parse().unwrap();
             let seconds: f64 = a[5].parse().unwrap();
             create_topic(brokers, topic, 4);
-            let producer: BaseProducer = ClientConfig::new()
-                .set("bootstrap.servers", brokers)
-                .set("enable.idempotence", "true")
-                .set("linger.ms", "5")
-                .create()
-                .expect("producer");
+            let producer: BaseProducer = producer(brokers);
             let text = std::fs::read_to_string(file).expect("read the votes file");
             let mut lines = text.lines().filter(|l| !l.trim().is_empty());
             let limit = (rate * seconds) as u64;
@@ -200,19 +187,8 @@ fn main() {
                     if let Some(k) = &key {
                         rec = rec.key(k.as_bytes());
                     }
-                    while let Err((e, r)) = producer.send(rec) {
-                        assert!(
-                            matches!(
-                                e,
-                                rdkafka::error::KafkaError::MessageProduction(
-                                    rdkafka::types::RDKafkaErrorCode::QueueFull
-                                )
-                            ),
-                            "produce to {topic}: {e}"
-                        );
-                        rec = r;
-                        producer.poll(Duration::from_millis(1));
-                    }
+                    jurystream::kafka::send_waiting(&producer, rec)
+                        .unwrap_or_else(|e| panic!("produce to {topic}: {e}"));
                     sent += 1;
                 }
                 producer.poll(Duration::ZERO);
