@@ -496,17 +496,7 @@ fn a_rolling_restart_behind_a_load_balancer_loses_no_vote() {
     let want: BTreeSet<String> = answers.into_iter().map(|(id, _)| id).collect();
     let scored = wait_for("every vote scored", Duration::from_secs(60), || {
         let records = read_records(&setup.bootstrap, &setup.output_topics());
-        let ids: Vec<String> = records
-            .iter()
-            .filter(|r| r.topic == setup.scores)
-            .flat_map(|r| {
-                r.value["batch"]["vote_ids"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-            })
-            .filter_map(|v| v.as_str().map(str::to_owned))
-            .collect();
+        let ids = scored_vote_ids(&records, &setup.scores);
         (ids.len() >= want.len()).then_some((ids, records))
     });
     let (ids, records) = scored;

@@ -223,6 +223,15 @@ fn input_votes(setup: &Setup) -> Vec<String> {
         .collect()
 }
 
+/// connect on `port` counted no panic (`jurystream_panics_total`).
+fn assert_no_panic(port: u16) {
+    let (_, metrics) = http(port, "/metrics").expect("/metrics");
+    assert!(
+        metrics.contains("\njurystream_panics_total 0\n"),
+        "no panic in connect: {metrics}"
+    );
+}
+
 fn expected_votes(ls: &LabelStudio, state: &Path) -> BTreeSet<String> {
     ls.step(&["expected", "--state", state.to_str().unwrap()])["votes"]
         .as_array()
@@ -419,11 +428,7 @@ fn label_studio_votes_flags_and_lost_webhooks_close_the_loop() {
         0.0,
         "the personal access token works for the sync"
     );
-    let (_, metrics) = http(hook_port, "/metrics").expect("/metrics");
-    assert!(
-        metrics.contains("\njurystream_panics_total 0\n"),
-        "no panic in connect: {metrics}"
-    );
+    assert_no_panic(hook_port);
 }
 
 /// SPEC §12 (v4), issue 41: reviewers annotate in real Label Studio while
@@ -581,17 +586,7 @@ token = "{token}"
         .collect();
     let (scored, records) = wait_for("every vote scored", Duration::from_secs(150), || {
         let records = read_records(&setup.bootstrap, &setup.output_topics());
-        let scored: Vec<String> = records
-            .iter()
-            .filter(|r| r.topic == setup.scores)
-            .flat_map(|r| {
-                r.value["batch"]["vote_ids"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
-            })
-            .filter_map(|v| v.as_str().map(str::to_owned))
-            .collect();
+        let scored = scored_vote_ids(&records, &setup.scores);
         (scored.len() >= ids.len()).then_some((scored, records))
     });
     let distinct: BTreeSet<String> = scored.iter().cloned().collect();
@@ -600,11 +595,7 @@ token = "{token}"
     let dlq: Vec<&Record> = records.iter().filter(|r| r.topic == setup.dlq).collect();
     assert!(dlq.is_empty(), "nothing late or rejected: {dlq:?}");
     for port in ports {
-        let (_, metrics) = http(port, "/metrics").expect("/metrics");
-        assert!(
-            metrics.contains("\njurystream_panics_total 0\n"),
-            "no panic in connect: {metrics}"
-        );
+        assert_no_panic(port);
     }
 }
 

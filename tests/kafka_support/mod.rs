@@ -1349,3 +1349,19 @@ impl Drop for Haproxy {
         let _ = self.child.wait();
     }
 }
+
+/// The vote ids of every `score_updated` in `records` (the scores topic
+/// `scores`), in the order read: a vote scored twice appears twice.
+pub fn scored_vote_ids(records: &[Record], scores: &str) -> Vec<String> {
+    records
+        .iter()
+        .filter(|r| r.topic == scores)
+        .flat_map(|r| {
+            r.value["batch"]["vote_ids"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect()
+}
