@@ -455,17 +455,21 @@ fn assert_copies_only_of_killed_cycles(
         &missing[..missing.len().min(3)]
     );
     // Where each extra event came from: the input partition and cycle of
-    // its origin (an event read twice counts once per extra copy).
-    let mut origins: HashMap<String, Vec<(i32, u64)>> = HashMap::new();
+    // its origin (an event read twice counts once per extra copy). Copies
+    // of one event share its key, so its output partition: the killed
+    // transaction's copy is the earlier one in that partition, and the
+    // redo's may carry the next cycle's number (the redo's cycles need not
+    // end where the killed one did), so the extra copy is the first read.
+    let mut origins: HashMap<String, std::collections::VecDeque<(i32, u64)>> = HashMap::new();
     for r in &records {
         let at = r.cycle().expect("every event has an origin header");
-        origins.entry(normalize(&r.value)).or_default().push(at);
+        origins.entry(normalize(&r.value)).or_default().push_back(at);
     }
     let mut extra_cycles: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
     for e in &extra {
         let at = origins
             .get_mut(*e)
-            .and_then(|v| v.pop())
+            .and_then(|v| v.pop_front())
             .expect("an extra event was read");
         extra_cycles.entry(at.0).or_default().insert(at.1);
     }
