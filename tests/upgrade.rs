@@ -5,7 +5,10 @@
 //! events and local `state.dir` — written by `write_format_N_fixtures`
 //! (`#[ignore]`d: it runs the old binary named by `JURYSTREAM_FIXTURE_BIN`).
 //! There are fixtures for formats 6 ([`write_format_6_fixtures`], commit
-//! ed1e475) and 7 ([`write_format_7_fixtures`], commit d6bf4e9). The other
+//! ed1e475), 7 ([`write_format_7_fixtures`], commit d6bf4e9) and 8
+//! ([`write_format_8_fixtures`], commit 783ceac, in SPEC §14's `learned`
+//! mode: its reputation topic too, and `replay --partition-files` as the
+//! run's oracle). The other
 //! tests run this build on the second part and compare with a replay of
 //! the whole stream by this build, three for each format N:
 //!
@@ -65,6 +68,12 @@ const BATCHING: &str = "window_seconds = 4\ngrace_seconds = 1";
 /// batches open at the cut stay open and no flush to the wall clock makes
 /// part 2 late.
 const NEVER: &str = "3155760000";
+/// The reputation epoch (one 4 s window) of a fixture in SPEC §14's `learned` mode (format
+/// 8 on): many epochs seal within part 1, some batches wait at the barrier
+/// at the cut.
+const EPOCH_SECONDS: u32 = 4;
+/// What a `learned` fixture holds besides [`FILES`]: the reputation topic.
+const REPUTATION_FILE: &str = "service-reputation.jsonl";
 /// Files a fixture directory holds besides the state directories.
 const FILES: [&str; 8] = [
     "config.toml",
@@ -111,6 +120,24 @@ impl Fixture {
     fn changelog_topic(&self) -> String {
         changelog_topic()
     }
+
+    /// Whether the old build ran in SPEC §14's `learned` mode (the
+    /// fixtures of format 8 on): it then left a reputation topic too, and
+    /// the oracle of a run is `replay --partition-files`.
+    fn learned(&self) -> bool {
+        self.dir.join(REPUTATION_FILE).exists()
+    }
+}
+
+/// Whether the fixture of `format` is written in `learned` mode: format 8
+/// added SPEC §14's state (open values, sealed sums, waiting batches).
+fn learned_format(format: u32) -> bool {
+    format >= 8
+}
+
+/// The reputation topic of a `learned` fixture.
+fn reputation_topic() -> String {
+    format!("{NAME}-reputation")
 }
 
 /// The changelog topic of the fixture's input topic (`Names::changelog`:
@@ -597,6 +624,16 @@ fn write_format_7_fixtures() {
     write_fixtures(7, "d6bf4e9");
 }
 
+/// Writes `tests/fixtures/state-format-8/` (or `$JURYSTREAM_FIXTURE_OUT`)
+/// with the binary `$JURYSTREAM_FIXTURE_BIN`, the build of state format 8
+/// (commit 783ceac), in SPEC §14's `learned` mode; needs the test broker.
+/// See the fixture's README.md.
+#[test]
+#[ignore = "writes the fixture with an old binary: JURYSTREAM_FIXTURE_BIN=… cargo test --test upgrade write_format_8_fixtures -- --ignored"]
+fn write_format_8_fixtures() {
+    write_fixtures(8, "783ceac");
+}
+
 fn write_fixtures(format: u32, commit: &str) {
     let _g = serial();
     let bin = PathBuf::from(std::env::var("JURYSTREAM_FIXTURE_BIN").expect(
@@ -627,13 +664,28 @@ fn write_fixtures(format: u32, commit: &str) {
     let Some(broker) = broker_or_skip(None) else {
         panic!("the generator needs the test broker (scripts/broker.sh install)");
     };
-    let setup = Setup::new(&broker, NAME, PARTITIONS, "exactly_once", "");
+    let learned_mode = learned_format(format);
+    let extra = if learned_mode {
+        learned(NAME).replace(
+            "epoch_seconds = 60",
+            &format!("epoch_seconds = {EPOCH_SECONDS}"),
+        )
+    } else {
+        String::new()
+    };
+    let setup = Setup::new(&broker, NAME, PARTITIONS, "exactly_once", &extra);
     transactions_supported(&setup.bootstrap, "upgrade-txn-probe")
         .unwrap_or_else(|e| panic!("the test broker cannot commit transactions: {e}"));
 
     // The votes and the configuration (without broker and state directory).
     let votes = setup.dir.path().join("votes.jsonl");
-    generate_votes(&votes, VOTES, SEED);
+    if learned_mode {
+        // The votes then one per partition far after them (in part 2):
+        // the live run's idle flush seals nothing a replay does not.
+        votes_over_epochs(&votes, VOTES, PARTITIONS as u32);
+    } else {
+        generate_votes(&votes, VOTES, SEED);
+    }
     let (part1, part2) = split_lines(&votes, PART1_LINES);
     std::fs::write(out.join("votes-1.jsonl"), &part1).unwrap();
     std::fs::write(out.join("votes-2.jsonl"), &part2).unwrap();
@@ -709,9 +761,13 @@ fn write_fixtures(format: u32, commit: &str) {
 
     let input = read_raw(&setup.bootstrap, &setup.input_topic, true);
     let changelog = read_raw(&setup.bootstrap, &changelog_topic(), true);
+    let mut state_topics = vec![changelog_topic()];
+    if learned_mode {
+        state_topics.push(reputation_topic());
+    }
     // No transaction was left open (nor aborted): read_uncommitted sees
     // no more than read_committed.
-    for t in std::iter::once(changelog_topic()).chain(setup.output_topics()) {
+    for t in state_topics.iter().cloned().chain(setup.output_topics()) {
         assert_eq!(
             read_raw(&setup.bootstrap, &t, true),
             read_raw(&setup.bootstrap, &t, false),
@@ -736,8 +792,17 @@ fn write_fixtures(format: u32, commit: &str) {
             .map(|(t, p, o, k, v)| json!({"topic": t, "partition": p, "offset": o, "key": k, "value": v}))
             .collect::<Vec<_>>(),
     );
+    if learned_mode {
+        let reputation = read_raw(&setup.bootstrap, &reputation_topic(), true);
+        assert!(!reputation.is_empty(), "part 1 sealed epochs");
+        write_jsonl(
+            &out.join(REPUTATION_FILE),
+            &reputation.iter().map(Raw::to_json).collect::<Vec<_>>(),
+        );
+    }
     let mut topics = serde_json::Map::new();
-    let mut names = vec![setup.input_topic.clone(), changelog_topic()];
+    let mut names = vec![setup.input_topic.clone()];
+    names.extend(state_topics);
     names.extend(setup.output_topics());
     for t in &names {
         let hw: serde_json::Map<String, Value> = high_watermarks_of(&setup.bootstrap, t)
@@ -791,7 +856,20 @@ older formats stay: every build must continue from each of them.
 What it holds: {n_input} input records, {n_changelog} changelog records and
 {n_events} committed events ({n_scores} score updates) from part 1; the
 replay printed {n_replay} events.
-"#,
+{learned_note}"#,
+        learned_note = if learned_mode {
+            format!(
+                "\nSPEC §14's `learned` mode: `config.toml` has a `[reputation]` section \
+                 (epoch {EPOCH_SECONDS} s, topic `{rep}`), the votes are \
+                 `votes_over_epochs(_, {VOTES}, {PARTITIONS})` (seed 11, then one vote per \
+                 partition far after the last, in part 2), and `{REPUTATION_FILE}` holds the \
+                 reputation topic at the kill as the changelog file does. The oracle of the \
+                 service tests is `replay --partition-files` of the input topic's partitions.\n",
+                rep = reputation_topic()
+            )
+        } else {
+            String::new()
+        },
         changelog = changelog_topic(),
         n_input = input.len(),
         n_changelog = changelog.len(),
@@ -800,7 +878,10 @@ replay printed {n_replay} events.
         n_replay = String::from_utf8_lossy(&replayed.stdout).lines().count(),
     );
     std::fs::write(out.join("README.md"), readme).unwrap();
-    for f in FILES {
+    for f in FILES
+        .into_iter()
+        .chain(learned_mode.then_some(REPUTATION_FILE))
+    {
         assert!(out.join(f).is_file(), "{f} was not written");
     }
     eprintln!(
@@ -823,6 +904,11 @@ fn replay_continues_from_a_format_6_state_directory() {
 #[test]
 fn replay_continues_from_a_format_7_state_directory() {
     replay_continues(&Fixture::of_format(7));
+}
+
+#[test]
+fn replay_continues_from_a_format_8_learned_state_directory() {
+    replay_continues(&Fixture::of_format(8));
 }
 
 /// This build's `replay` of part 2 into a copy of the old replay's state
@@ -941,6 +1027,16 @@ fn run_continues_on_a_format_7_state_directory_exactly() {
     run_continues(&Fixture::of_format(7), true);
 }
 
+#[test]
+fn run_restores_a_format_8_learned_changelog_and_continues_exactly() {
+    run_continues(&Fixture::of_format(8), false);
+}
+
+#[test]
+fn run_continues_on_a_format_8_learned_state_directory_exactly() {
+    run_continues(&Fixture::of_format(8), true);
+}
+
 /// A fresh broker holding the fixture's input and changelog records (at
 /// their partitions and offsets) and part 2 published after them; this
 /// build's `run` on an empty state.dir, or with `old_state` on a copy of the
@@ -954,6 +1050,8 @@ fn run_continues(fx: &Fixture, old_state: bool) {
     };
     let setup = Setup::new(&broker, NAME, PARTITIONS, "exactly_once", "");
     let state = setup.dir.path().join("state-new");
+    // (The reputation section, when there is one, comes with the fixture's
+    // config.toml.)
     if old_state {
         copy_tree(&fx.path("service-state"), &state);
     }
@@ -998,6 +1096,18 @@ fn run_continues(fx: &Fixture, old_state: bool) {
         &changelog,
         &high(&changelog_topic),
     );
+    if fx.learned() {
+        let topic = reputation_topic();
+        let records: Vec<Raw> = read_jsonl(&fx.path(REPUTATION_FILE))
+            .iter()
+            .map(Raw::from_json)
+            .collect();
+        let ends = high(&topic);
+        create_topic(&setup.bootstrap, &topic, ends.len() as i32);
+        produce_exact(&setup.bootstrap, &topic, &records, &ends);
+        assert_eq!(high_watermarks_of(&setup.bootstrap, &topic), ends);
+        assert_eq!(read_raw(&setup.bootstrap, &topic, true), records);
+    }
     for t in [&setup.input_topic, &changelog_topic] {
         assert_eq!(
             high_watermarks_of(&setup.bootstrap, t),
@@ -1078,9 +1188,15 @@ fn run_continues(fx: &Fixture, old_state: bool) {
     }
     assert!(shared > 0, "no inference of part 2 was in part 1");
 
-    // What this build must add: the whole replay less the old events.
+    // What this build must add: the whole replay less the old events (in
+    // `learned` mode the replay of the input topic's partitions, with the
+    // tables they share).
     let tmp = tempfile::tempdir().unwrap();
-    let whole = replay(&fx.path("config.toml"), &whole_stream(fx, tmp.path()));
+    let whole = if fx.learned() {
+        partition_oracle(&fx.path("config.toml"), &partition_files(&setup))
+    } else {
+        replay(&fx.path("config.toml"), &whole_stream(fx, tmp.path()))
+    };
     let old: Vec<(String, i32, i64, Option<String>, Value)> =
         read_jsonl(&fx.path("service-events-1.jsonl"))
             .into_iter()
