@@ -8,7 +8,7 @@
 //! is not scanned again after every cycle.
 
 use super::agreement::reviewer_bytes;
-use super::learn::{note, Values};
+use super::learn::note;
 use super::memory::{block, id_block, slot};
 use super::reputation::{Epoch, OpenValue};
 use super::{vote_identity, Engine, SeriesKey, SeriesState};
@@ -132,7 +132,7 @@ pub(super) fn series_bytes(inference_id: &Id, voter_prompt_id: &Id, s: &SeriesSt
         }
 }
 
-/// Approximate bytes of one voter waiting in the change list.
+/// Approximate bytes of an identity's series and voter waiting to be drained.
 pub(super) fn voter_bytes(key: &SeriesKey, voter: &Id) -> usize {
     // The entry (clones of the key and of the voter) and the record it
     // becomes.
@@ -263,7 +263,6 @@ impl Engine {
             + self.dirty_batches.len()
             + self.deleted_batches.len()
             + self.dirty_dedupe.len()
-            + self.dirty_voters.len()
             + self.dirty_reviewers.len()
     }
 
@@ -382,8 +381,10 @@ impl Engine {
             self.cache_bytes += series_bytes(&key.inference_id, &key.voter_prompt_id, &state);
             state.pending = 1;
             self.dirty_series.push(key.clone());
-            let mut values = Values::new();
-            let noted = value.map(|(k, voter, v)| (k, voter, note(&mut values, k, voter, v)));
+            // (Values parked for a series the store lacks: only when a
+            // store was written by hand, but a unit must be whole.)
+            let mut values = self.unpark(key);
+            let noted = value.map(|(k, voter, v)| (k, note(&mut values, k, voter, v)));
             self.series.insert(
                 key.clone(),
                 Box::new(SeriesEntry {
@@ -395,8 +396,8 @@ impl Engine {
                     born: tick,
                 }),
             );
-            if let Some((k, voter, n)) = noted {
-                self.noted(key, k, voter, n);
+            if let Some((k, n)) = noted {
+                self.noted(key, k, n);
             }
             return seq;
         };
@@ -405,7 +406,7 @@ impl Engine {
         if !std::mem::replace(&mut e.dirty, true) {
             self.dirty_series.push(key.clone());
         }
-        let noted = value.map(|(k, voter, v)| (k, voter, note(&mut e.values, k, voter, v)));
+        let noted = value.map(|(k, voter, v)| (k, note(&mut e.values, k, voter, v)));
         let batches = &self.batches;
         let found = e.open.iter().copied().find(|seq| {
             batches
@@ -430,8 +431,8 @@ impl Engine {
                 self.move_on_board(before, after);
             }
         }
-        if let Some((k, voter, n)) = noted {
-            self.noted(key, k, voter, n);
+        if let Some((k, n)) = noted {
+            self.noted(key, k, n);
         }
         seq
     }

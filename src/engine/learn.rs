@@ -4,15 +4,21 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use super::reputation::{self, Table};
 use super::*;
 
 /// An open value, and whether the store holds it or must be given it.
+/// The store holds a series' values of an epoch as one record (a unit);
+/// a value a store of format 8 held as a record of its own (`legacy`)
+/// has that record deleted when its unit is written or sealed.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct OpenSlot {
     value: OpenValue,
     dirty: bool,
     stored: bool,
+    legacy: bool,
 }
 
 /// A cached series' open values: (epoch, reviewer, value).
@@ -61,6 +67,7 @@ pub(super) fn note(values: &mut Values, epoch: Epoch, voter: &Id, new: OpenValue
         value: new,
         dirty: true,
         stored: false,
+        legacy: false,
     };
     if values.capacity() == 0 {
         // A unit has a few reviewers: one allocation for most series.
@@ -71,6 +78,31 @@ pub(super) fn note(values: &mut Values, epoch: Epoch, voter: &Id, new: OpenValue
         added: true,
         first,
         newly_dirty: true,
+    }
+}
+
+/// A series' values of `epoch` as one record, when one of them changed:
+/// the unit's put, after the deletes of its values' format-8 records.
+fn write_unit<'a>(
+    epoch: Epoch,
+    series: &SeriesKey,
+    unit: impl Iterator<Item = (&'a Id, &'a mut OpenSlot)>,
+    sink: &mut impl FnMut(Change<'_>),
+) {
+    let mut slots: SmallVec<[(&Id, &mut OpenSlot); UNIT_CAPACITY]> = unit.collect();
+    if !slots.iter().any(|(_, slot)| slot.dirty) {
+        return;
+    }
+    for (voter, slot) in slots.iter_mut().filter(|(_, slot)| slot.legacy) {
+        slot.legacy = false;
+        sink(Change::OpenValueGone(&(epoch, series.clone(), (*voter).clone())));
+    }
+    let values: SmallVec<[(&Id, OpenValue); UNIT_CAPACITY]> =
+        slots.iter().map(|(voter, slot)| (*voter, slot.value)).collect();
+    sink(Change::OpenUnit(epoch, series, Some(&values)));
+    for (_, slot) in slots {
+        slot.dirty = false;
+        slot.stored = true;
     }
 }
 
@@ -218,7 +250,7 @@ impl Engine {
 
     /// Counts what [`note`] did to `series`' values, and lists a value
     /// that became dirty (not for a temporary store, which nothing reads).
-    pub(super) fn noted(&mut self, series: &SeriesKey, epoch: Epoch, voter: &Id, n: Noted) {
+    pub(super) fn noted(&mut self, series: &SeriesKey, epoch: Epoch, n: Noted) {
         if n.added {
             self.open_count += 1;
         }
@@ -241,7 +273,7 @@ impl Engine {
             self.dirty_open.clear();
             self.open_scan = true;
         } else {
-            self.dirty_open.push((epoch, series.clone(), voter.clone()));
+            self.dirty_open.push((epoch, series.clone()));
         }
     }
 
@@ -322,9 +354,12 @@ impl Engine {
         sealer: &mut reputation::Sealer,
     ) {
         self.open_count -= unit.len();
+        if unit.iter().any(|(_, slot)| slot.stored && !slot.legacy) {
+            self.deleted_open.push((epoch, series.clone()));
+        }
         for (voter, slot) in unit {
-            if slot.stored {
-                self.deleted_open
+            if slot.legacy {
+                self.deleted_legacy_open
                     .push((epoch, series.clone(), voter.clone()));
             }
         }
@@ -390,12 +425,13 @@ impl Engine {
         self.open_count
     }
 
-    /// Adds what a store holds: the open values, the sealed deltas and the
-    /// batches waiting at the barrier, whose series [`Engine::restore`] was
-    /// given (nothing is marked dirty).
+    /// Adds what a store holds: the open values (each with whether it is
+    /// a record of its own, format 8's layout, rather than in its unit's),
+    /// the sealed deltas and the batches waiting at the barrier, whose
+    /// series [`Engine::restore`] was given (nothing is marked dirty).
     pub fn restore_reputation(
         &mut self,
-        values: impl IntoIterator<Item = (OpenKey, OpenValue)>,
+        values: impl IntoIterator<Item = (OpenKey, OpenValue, bool)>,
         deltas: impl IntoIterator<Item = (TermsKey, Terms)>,
         pending: impl IntoIterator<Item = (u64, Pending)>,
     ) {
@@ -431,11 +467,12 @@ impl Engine {
             };
             self.pending.push_back((order, slot));
         }
-        for ((epoch, series, voter), value) in values {
+        for ((epoch, series, voter), value, legacy) in values {
             let slot = OpenSlot {
                 value,
                 dirty: false,
                 stored: true,
+                legacy,
             };
             self.open_count += 1;
             self.open_epochs.insert(epoch);
@@ -458,51 +495,51 @@ impl Engine {
     }
 
     /// The open values listed dirty (none for a temporary store: see
-    /// [`Engine::noted`]), seals and waiting batches, to persist.
+    /// [`Engine::noted`]), each with its unit, seals and waiting batches,
+    /// to persist.
     pub(super) fn drain_reputation(&mut self, sink: &mut impl FnMut(Change<'_>)) {
+        for (epoch, series) in self.deleted_open.drain(..) {
+            sink(Change::OpenUnit(epoch, &series, None));
+        }
+        for key in self.deleted_legacy_open.drain(..) {
+            sink(Change::OpenValueGone(&key));
+        }
         if std::mem::take(&mut self.open_scan) {
-            let cached = self.series.iter_mut().flat_map(|(series, e)| {
-                e.values
-                    .iter_mut()
-                    .map(move |(epoch, voter, slot)| (*epoch, series, &*voter, slot))
-            });
-            let parked = self.parked_values.iter_mut().flat_map(|(&epoch, units)| {
-                units.iter_mut().flat_map(move |(series, unit)| {
-                    unit.iter_mut()
-                        .map(move |(voter, slot)| (epoch, series, &*voter, slot))
-                })
-            });
-            for (epoch, series, voter, slot) in cached.chain(parked) {
-                if std::mem::take(&mut slot.dirty) {
-                    slot.stored = true;
-                    let key = (epoch, series.clone(), voter.clone());
-                    sink(Change::OpenValue(&key, Some(&slot.value)));
+            for (series, e) in self.series.iter_mut() {
+                let mut epochs: SmallVec<[Epoch; 2]> = SmallVec::new();
+                for (epoch, ..) in e.values.iter().filter(|(.., slot)| slot.dirty) {
+                    if !epochs.contains(epoch) {
+                        epochs.push(*epoch);
+                    }
+                }
+                for epoch in epochs {
+                    let unit = e.values.iter_mut().filter(|(k, ..)| *k == epoch);
+                    write_unit(epoch, series, unit.map(|(_, v, slot)| (&*v, slot)), sink);
+                }
+            }
+            for (&epoch, units) in self.parked_values.iter_mut() {
+                for (series, unit) in units.iter_mut() {
+                    write_unit(epoch, series, unit.iter_mut().map(|(v, slot)| (&*v, slot)), sink);
                 }
             }
         }
-        for key in self.dirty_open.drain(..) {
-            let (epoch, series, voter) = &key;
-            let slot = match self.series.get_mut(series) {
-                Some(e) => e
-                    .values
-                    .iter_mut()
-                    .find(|(k, v, _)| k == epoch && v == voter)
-                    .map(|(.., slot)| slot),
-                None => self
-                    .parked_values
-                    .get_mut(epoch)
-                    .and_then(|units| units.get_mut(series))
-                    .and_then(|unit| unit.iter_mut().find(|(v, _)| v == voter))
-                    .map(|(_, slot)| slot),
-            };
-            if let Some(slot) = slot {
-                slot.dirty = false;
-                slot.stored = true;
-                sink(Change::OpenValue(&key, Some(&slot.value)));
+        for (epoch, series) in self.dirty_open.drain(..) {
+            match self.series.get_mut(&series) {
+                Some(e) => {
+                    let unit = e.values.iter_mut().filter(|(k, ..)| *k == epoch);
+                    write_unit(epoch, &series, unit.map(|(_, v, slot)| (&*v, slot)), sink);
+                }
+                None => {
+                    if let Some(unit) = self
+                        .parked_values
+                        .get_mut(&epoch)
+                        .and_then(|units| units.get_mut(&series))
+                    {
+                        let unit = unit.iter_mut().map(|(v, slot)| (&*v, slot));
+                        write_unit(epoch, &series, unit, sink);
+                    }
+                }
             }
-        }
-        for key in self.deleted_open.drain(..) {
-            sink(Change::OpenValue(&key, None));
         }
         for (key, t) in self.sealed.drain(..) {
             sink(Change::Terms(&key, &t));

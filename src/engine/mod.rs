@@ -214,13 +214,13 @@ pub enum Change<'a> {
     Series(&'a SeriesKey, &'a SeriesState),
     Batch(&'a BatchKey, Option<&'a Batch>),
     /// An accepted vote's identity and vote time (identities are forgotten
-    /// by the state store's retention sweep, never by the engine), and the
+    /// by the state store's retention sweep, never by the engine), the
     /// vote time the store held for it before, if the identity is accepted
-    /// again after the retention forgot it (its index entry goes).
-    Dedupe(u128, Nanos, Option<Nanos>),
+    /// again after the retention forgot it (its index entry goes), and
+    /// (`query_index` only) the vote's series and voter: the store keeps
+    /// the series' voters (SPEC §9) as an index of its identities.
+    Dedupe(u128, Nanos, Option<Nanos>, Option<(&'a SeriesKey, &'a str)>),
     Meta(&'a Meta),
-    /// A voter with an accepted vote on the series (`query_index` only).
-    Voter(&'a SeriesKey, &'a str),
     /// A leaderboard row (`None`: no scored series left in it).
     Board(&'a BoardKey, Option<&'a BoardRow>),
     /// A rubric's agreement sums (`query_index` only).
@@ -228,9 +228,12 @@ pub enum Change<'a> {
     /// A reviewer's agreement numbers for a rubric, whole (`query_index`
     /// only).
     Reviewer(&'a ReviewerKey, &'a ReviewerStats),
-    /// A reviewer's latest vote of a series in an open epoch (SPEC §14;
-    /// `None`: the epoch was sealed).
-    OpenValue(&'a OpenKey, Option<&'a OpenValue>),
+    /// A series' open values of an epoch, each reviewer's latest vote
+    /// (SPEC §14; `None`: the epoch was sealed).
+    OpenUnit(Epoch, &'a SeriesKey, Option<&'a [(&'a Id, OpenValue)]>),
+    /// A value stored as a record of its own by format 8, now in its unit
+    /// or sealed: its record goes.
+    OpenValueGone(&'a OpenKey),
     /// A sealed delta of this partition (SPEC §14), written once.
     Terms(&'a TermsKey, &'a Terms),
     /// A closed batch waiting at the barrier, by its place in the close
@@ -307,9 +310,10 @@ pub struct Engine {
     /// and rubric, so bounded by those, not by the series).
     board: FxHashMap<BoardKey, BoardRow>,
     dirty_board: Vec<BoardKey>,
-    /// Voters to record since the last drain (`query_index` only; counted
-    /// in `cache_bytes` so that a replay writes them out when it fills).
-    dirty_voters: Vec<(SeriesKey, Id)>,
+    /// The series and voter of each identity accepted since the last drain
+    /// (`query_index` only; counted in `cache_bytes` so that a replay
+    /// writes them out when it fills).
+    identity_voters: FxHashMap<u128, (SeriesKey, Id)>,
     /// Agreement sums per rubric (`query_index` only; as many as rubrics).
     agreement: FxHashMap<Id, RubricSums>,
     dirty_agreement: Vec<Id>,
@@ -329,11 +333,15 @@ pub struct Engine {
     open_epochs: std::collections::BTreeSet<Epoch>,
     /// Open values held, cached and parked.
     open_count: usize,
-    dirty_open: Vec<OpenKey>,
+    /// Units (a series' values of an epoch) with a value changed since the
+    /// last drain; listed once per value.
+    dirty_open: Vec<(Epoch, SeriesKey)>,
     /// Too many open values are dirty for a list: the drain walks them.
     open_scan: bool,
-    /// Values the store holds of epochs sealed since the last drain.
-    deleted_open: Vec<OpenKey>,
+    /// Units the store holds of epochs sealed since the last drain.
+    deleted_open: Vec<(Epoch, SeriesKey)>,
+    /// Format-8 records of values sealed since the last drain.
+    deleted_legacy_open: Vec<OpenKey>,
     /// Deltas sealed since the last drain.
     sealed: Vec<(TermsKey, Terms)>,
     /// The tables the partition's batches are scored with.
@@ -392,7 +400,7 @@ impl Engine {
             meta_dirty: false,
             board: FxHashMap::default(),
             dirty_board: Vec::new(),
-            dirty_voters: Vec::new(),
+            identity_voters: FxHashMap::default(),
             agreement: FxHashMap::default(),
             dirty_agreement: Vec::new(),
             reviewers: FxHashMap::default(),
@@ -404,6 +412,7 @@ impl Engine {
             dirty_open: Vec::new(),
             open_scan: false,
             deleted_open: Vec::new(),
+            deleted_legacy_open: Vec::new(),
             sealed: Vec::new(),
             tables: Tables::default(),
             pending: Default::default(),
@@ -607,7 +616,6 @@ impl Engine {
             .entries
             .iter_mut()
             .find(|e| e.live && e.voter_id == entry.voter_id);
-        let new_voter = prev.is_none();
         if let Some(prev) = prev {
             self.counters.superseded += 1;
             if entry.timestamp >= prev.timestamp {
@@ -625,10 +633,14 @@ impl Engine {
         batch.entries.push(entry);
         // (5) full? (It closes below, and leaves its series' list then.)
         let full = batch.counted >= self.cfg.max_votes;
-        if self.cfg.query_index && new_voter {
+        if self.cfg.query_index {
             self.cache_bytes += cache::voter_bytes(&skey, &vote.voter_id);
-            self.dirty_voters
-                .push((skey.clone(), vote.voter_id.clone()));
+            let pair = (skey.clone(), vote.voter_id.clone());
+            if let Some((k, v)) = self.identity_voters.insert(identity, pair) {
+                self.cache_bytes = self
+                    .cache_bytes
+                    .saturating_sub(cache::voter_bytes(&k, &v));
+            }
         }
         // (6) watermark.
         self.advance_to(vote.timestamp - self.cfg.grace_ns);
@@ -703,26 +715,30 @@ impl Engine {
         for k in self.deleted_batches.drain(..) {
             sink(Change::Batch(&k, None));
         }
+        let voters = &self.identity_voters;
+        let mut dedupe = |id: u128, at: Nanos, replaced: Option<Nanos>| {
+            let voter = voters.get(&id).map(|(k, v)| (k, &**v));
+            sink(Change::Dedupe(id, at, replaced, voter));
+        };
         if self.dirty_dedupe.len() >= self.dedupe.len() / SCAN_WHEN_DIRTY {
             self.dirty_dedupe.clear();
             for (&k, e) in self.dedupe.iter_mut() {
                 if e.set_dirty(false) {
                     let id = u128::from(k);
-                    sink(Change::Dedupe(id, e.at, self.replaced_dedupe.remove(&id)));
+                    dedupe(id, e.at, self.replaced_dedupe.remove(&id));
                 }
             }
         }
         for id in self.dirty_dedupe.drain(..) {
             if let Some(e) = self.dedupe.get_mut(&id.into()) {
                 e.set_dirty(false);
-                sink(Change::Dedupe(id, e.at, self.replaced_dedupe.remove(&id)));
+                dedupe(id, e.at, self.replaced_dedupe.remove(&id));
             }
         }
-        for (k, voter) in self.dirty_voters.drain(..) {
+        for (_, (k, voter)) in self.identity_voters.drain() {
             self.cache_bytes = self
                 .cache_bytes
                 .saturating_sub(cache::voter_bytes(&k, &voter));
-            sink(Change::Voter(&k, &voter));
         }
         if !self.dirty_board.is_empty() {
             self.dirty_board.sort_unstable();

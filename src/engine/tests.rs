@@ -229,7 +229,7 @@ fn an_identity_accepted_again_reports_the_vote_time_it_replaces() {
     let drain = |e: &mut Engine| {
         let mut seen = Vec::new();
         e.drain_changes(|c| {
-            if let Change::Dedupe(id, at, before) = c {
+            if let Change::Dedupe(id, at, before, _) = c {
                 seen.push((id, at, before));
             }
         });
@@ -312,13 +312,13 @@ impl Model {
             Change::Batch(k, None) => {
                 self.batches.remove(k);
             }
-            Change::Dedupe(id, t, _) => {
+            Change::Dedupe(id, t, _, voter) => {
                 self.dedupe.insert(id, t);
+                if let Some((k, v)) = voter {
+                    self.voters.insert((k.clone(), v.to_owned()));
+                }
             }
             Change::Meta(m) => self.meta = *m,
-            Change::Voter(k, v) => {
-                self.voters.insert((k.clone(), v.to_owned()));
-            }
             Change::Board(k, Some(r)) => {
                 self.board.insert(k.clone(), *r);
             }
@@ -331,12 +331,17 @@ impl Model {
             Change::Reviewer((r, v), st) => {
                 self.reviewers.insert((r.to_string(), v.to_string()), *st);
             }
-            Change::OpenValue(k, Some(v)) => {
-                self.open.insert(k.clone(), *v);
+            Change::OpenUnit(epoch, series, values) => {
+                let before = self.open.len();
+                self.open.retain(|(k, s, _), _| (*k, s) != (epoch, series));
+                if values.is_none() {
+                    assert!(self.open.len() < before, "{epoch} {series:?} not stored");
+                }
+                for (voter, v) in values.unwrap_or_default() {
+                    self.open.insert((epoch, series.clone(), (*voter).clone()), *v);
+                }
             }
-            Change::OpenValue(k, None) => {
-                self.open.remove(k);
-            }
+            Change::OpenValueGone(k) => panic!("no format-8 record was restored: {k:?}"),
             Change::Terms(k, t) => {
                 assert!(
                     self.terms.insert(k.clone(), *t).is_none(),
@@ -365,7 +370,7 @@ impl Model {
             .collect();
         let mut e = Engine::restore(cfg, self.meta, series, self.batches.clone(), false);
         e.restore_reputation(
-            self.open.iter().map(|(k, v)| (k.clone(), *v)),
+            self.open.iter().map(|(k, v)| (k.clone(), *v, false)),
             self.terms.iter().map(|(k, t)| (k.clone(), *t)),
             self.pending.iter().map(|(o, p)| (*o, p.clone())),
         );

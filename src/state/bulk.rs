@@ -97,6 +97,7 @@ impl Store {
             chunks: Vec::new(),
         };
         let mut records = Vec::with_capacity(2);
+        let mut index = Vec::with_capacity(2);
         let mut err = None;
         self.provide_reviewers(engine)?;
         engine.drain_changes(|c| {
@@ -104,10 +105,12 @@ impl Store {
             encode_change(c, &mut records);
             for (key, value) in &records {
                 bulk.push(key, value.as_deref());
-                match value.as_deref().map(|v| self.index_entry(key, v)) {
-                    Some(Ok(Some(t))) => bulk.push(&t, Some(&[])),
-                    Some(Err(e)) => err = Some(e),
-                    _ => {}
+                if let Some(v) = value {
+                    index.clear();
+                    match self.index_entries(key, v, &mut index) {
+                        Ok(()) => index.iter().for_each(|t| bulk.push(t, Some(&[]))),
+                        Err(e) => err = Some(e),
+                    }
                 }
             }
         });

@@ -25,7 +25,11 @@
 //! the leaderboard's squares (all untagged, [`super::legacy`]); 7 the
 //! format byte on every value, same layouts as 6; 8 SPEC §14's open values
 //! (`e`), sealed deltas (`u`) and batches waiting at the barrier (`x`), the
-//! layouts of 7 unchanged (a format-7 value is read as it is).
+//! layouts of 7 unchanged (a format-7 value is read as it is); 9 an
+//! identity's value may carry its vote's series and voter (the store
+//! derives the `v` voter keys from it, as it derives the `t` index, instead
+//! of a record of their own), and a series' open values of an epoch are
+//! one record (`h`) instead of one per reviewer (`e`, still read).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
@@ -40,7 +44,7 @@ use crate::input::Id;
 use crate::time::Nanos;
 
 /// The format this build writes.
-pub const FORMAT: u8 = 8;
+pub const FORMAT: u8 = 9;
 
 /// The first format with the format byte; every value of 7 reads as 8.
 pub const FIRST_TAGGED: u8 = 7;
@@ -49,7 +53,7 @@ pub const FIRST_TAGGED: u8 = 7;
 pub const HEADER: &str = "jurystream-format";
 
 /// [`FORMAT`] as the header's value.
-pub const HEADER_VALUE: &[u8] = b"8";
+pub const HEADER_VALUE: &[u8] = b"9";
 
 /// A value this build cannot read.
 #[derive(Debug, Error)]
@@ -64,7 +68,7 @@ pub enum FormatError {
         #[source]
         source: postcard::Error,
     },
-    #[error("identity value is not 16 bytes")]
+    #[error("identity value is not a 16-byte vote time (format 7 and 8) followed by a vote's series and voter (format 9)")]
     Identity,
     #[error("changelog header {HEADER} = {0:?} is not a format this build knows")]
     Header(String),
@@ -106,7 +110,7 @@ pub fn decode_value<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
 pub fn changelog_is_tagged(header: Option<&[u8]>) -> Result<bool, FormatError> {
     match header {
         None => Ok(false),
-        Some(b"7" | b"8") => Ok(true),
+        Some(b"7" | b"8" | b"9") => Ok(true),
         Some(other) => Err(FormatError::Header(
             String::from_utf8_lossy(other).into_owned(),
         )),
@@ -330,18 +334,50 @@ pub fn decode_meta(v: &[u8]) -> Result<Meta, FormatError> {
     })
 }
 
-/// A vote identity's value: its vote time.
-pub fn encode_identity(at: Nanos) -> Vec<u8> {
-    let mut out = Vec::with_capacity(17);
+/// A vote identity's value: its vote time (16 bytes, little-endian), then
+/// (format 9, when the vote's series keeps its voters) the vote's
+/// inference, rubric and voter.
+pub fn encode_identity(at: Nanos, voter: Option<(&SeriesKey, &str)>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(17 + voter.map_or(0, |(k, v)| {
+        3 + k.inference_id.len() + k.voter_prompt_id.len() + v.len()
+    }));
     out.push(FORMAT);
     out.extend_from_slice(&at.to_le_bytes());
-    out
+    match voter {
+        None => out,
+        Some((k, v)) => postcard::to_extend(&(&*k.inference_id, &*k.voter_prompt_id, v), out)
+            .expect("postcard into a Vec"),
+    }
+}
+
+/// The vote time and the rest of an identity's value.
+fn identity_parts(v: &[u8]) -> Result<(u8, Nanos, &[u8]), FormatError> {
+    let (format, bytes) = payload(v)?;
+    let (at, rest) = bytes.split_first_chunk::<16>().ok_or(FormatError::Identity)?;
+    if format < 9 && !rest.is_empty() {
+        return Err(FormatError::Identity);
+    }
+    Ok((format, Nanos::from_le_bytes(*at), rest))
 }
 
 pub fn decode_identity(v: &[u8]) -> Result<Nanos, FormatError> {
-    let (_, bytes) = payload(v)?;
-    let at: [u8; 16] = bytes.try_into().map_err(|_| FormatError::Identity)?;
-    Ok(Nanos::from_le_bytes(at))
+    identity_parts(v).map(|(_, at, _)| at)
+}
+
+/// The series and voter an identity's value carries (format 9 on; `None`
+/// for older values, whose voters have `v` records of their own).
+pub fn decode_identity_voter(v: &[u8]) -> Result<Option<(SeriesKey, Id)>, FormatError> {
+    let (format, _, rest) = identity_parts(v)?;
+    if rest.is_empty() {
+        return Ok(None);
+    }
+    let (inference_id, voter_prompt_id, voter): (Id, Id, Id) =
+        postcard::from_bytes(rest).map_err(|source| FormatError::Layout { format, source })?;
+    let series = SeriesKey {
+        inference_id,
+        voter_prompt_id,
+    };
+    Ok(Some((series, voter)))
 }
 
 /// `BoardRow`: series, Σ score, ambiguous, votes, Σ score².
@@ -408,6 +444,22 @@ pub fn decode_open_value(v: &[u8]) -> Result<OpenValue, FormatError> {
     Ok(OpenValue { timestamp, value })
 }
 
+/// A series' open values of an epoch (SPEC §14, format 9): each
+/// reviewer's vote time and value.
+type OpenUnitL = Vec<(Id, Nanos, Option<f64>)>;
+
+pub fn encode_open_unit(values: &[(&Id, OpenValue)]) -> Vec<u8> {
+    encode(&each(values, |(voter, v)| (&***voter, v.timestamp, v.value)))
+}
+
+pub fn decode_open_unit(v: &[u8]) -> Result<Vec<(Id, OpenValue)>, FormatError> {
+    let unit: OpenUnitL = decode(v)?;
+    Ok(unit
+        .into_iter()
+        .map(|(voter, timestamp, value)| (voter, OpenValue { timestamp, value }))
+        .collect())
+}
+
 /// A sealed delta (SPEC §14): n, q, h.
 type TermsL = (u64, u128, u128);
 
@@ -431,6 +483,21 @@ pub fn open_value_key(k: &OpenKey) -> Vec<u8> {
         &**voter,
     );
     postcard::to_allocvec(&layout).expect("postcard into a Vec")
+}
+
+/// An open unit's key after the kind byte: epoch, inference, rubric.
+pub fn open_unit_key(epoch: Epoch, series: &SeriesKey) -> Vec<u8> {
+    let layout = (epoch, &*series.inference_id, &*series.voter_prompt_id);
+    postcard::to_allocvec(&layout).expect("postcard into a Vec")
+}
+
+pub fn parse_open_unit_key(bytes: &[u8]) -> Result<(Epoch, SeriesKey), postcard::Error> {
+    let (epoch, inference_id, voter_prompt_id): (Epoch, Id, Id) = postcard::from_bytes(bytes)?;
+    let series = SeriesKey {
+        inference_id,
+        voter_prompt_id,
+    };
+    Ok((epoch, series))
 }
 
 pub fn parse_open_value_key(bytes: &[u8]) -> Result<OpenKey, postcard::Error> {

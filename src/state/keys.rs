@@ -77,6 +77,15 @@ pub(super) fn voter_prefix(k: &SeriesKey) -> Vec<u8> {
     out
 }
 
+/// `v` key of a series' voter (the key is the record: its value is
+/// empty). Format 9 on, it is derived from the identity records that carry
+/// their vote's series and voter.
+pub(super) fn voter_key(k: &SeriesKey, voter: &str) -> Vec<u8> {
+    let mut key = voter_prefix(k);
+    key.extend_from_slice(voter.as_bytes());
+    key
+}
+
 pub(super) fn parse_series_key(key: &[u8]) -> Option<SeriesKey> {
     let len = u32::from_be_bytes(key.get(1..5)?.try_into().ok()?) as usize;
     let inf = std::str::from_utf8(key.get(5..5 + len)?).ok()?;
@@ -144,20 +153,15 @@ pub(super) fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
     let record = match c {
         Change::Series(k, s) => (series_key_bytes(k), Some(format::encode_series(s))),
         Change::Batch(k, b) => (batch_key(k), b.map(format::encode_batch)),
-        Change::Dedupe(id, at, replaced) => {
+        Change::Dedupe(id, at, replaced, voter) => {
             let key = identity_key(id);
             if let Some(old) = replaced {
                 // Before the put: the same vote time indexes it again.
                 out.push((time_index_key(old, &key[1..]), None));
             }
-            (key, Some(format::encode_identity(at)))
+            (key, Some(format::encode_identity(at, voter)))
         }
         Change::Meta(m) => (META_KEY.to_vec(), Some(format::encode_meta(m))),
-        Change::Voter(k, voter) => {
-            let mut key = voter_prefix(k);
-            key.extend_from_slice(voter.as_bytes());
-            (key, Some(Vec::new()))
-        }
         Change::Board(k, row) => (board_key(k), row.map(format::encode_board_row)),
         Change::Agreement(rubric, sums) => (
             [&b"g"[..], rubric.as_bytes()].concat(),
@@ -167,10 +171,11 @@ pub(super) fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
             reviewer_key(rubric, voter),
             Some(format::encode_reviewer(stats)),
         ),
-        Change::OpenValue(k, v) => (
-            [&b"e"[..], &format::open_value_key(k)].concat(),
-            v.map(format::encode_open_value),
+        Change::OpenUnit(epoch, series, values) => (
+            [&b"h"[..], &format::open_unit_key(epoch, series)].concat(),
+            values.map(format::encode_open_unit),
         ),
+        Change::OpenValueGone(k) => ([&b"e"[..], &format::open_value_key(k)].concat(), None),
         Change::Terms(k, t) => (
             [&b"u"[..], &format::terms_key(k)].concat(),
             Some(format::encode_terms(t)),

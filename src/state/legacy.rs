@@ -36,9 +36,10 @@ pub fn upgrade(key: &[u8], value: &[u8]) -> Result<Vec<u8>, FormatError> {
     Ok(match key.first() {
         Some(b's') => format::encode_series(&series(value).map_err(layout)?),
         Some(b'l') => format::encode_board_row(&board_row(value).map_err(layout)?),
-        Some(b'd') => format::encode_identity(Nanos::from_le_bytes(
-            value.try_into().map_err(|_| FormatError::Identity)?,
-        )),
+        Some(b'd') => format::encode_identity(
+            Nanos::from_le_bytes(value.try_into().map_err(|_| FormatError::Identity)?),
+            None,
+        ),
         // Meta, batches, agreement sums, reviewers, the sweep's key, the
         // service's cycle marker and outbox: same layout, now tagged.
         _ => [&[format::FORMAT][..], value].concat(),

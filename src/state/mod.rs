@@ -17,13 +17,20 @@
 //! - `m`                         → [`Meta`]
 //! - `s` len(inf) inf vp         → [`SeriesState`] (prefix-scannable by inference)
 //! - `b` postcard([`BatchKey`])  → [`Batch`]
-//! - `d` identity (16 bytes BE)  → vote time (i128 LE)
+//! - `d` identity (16 bytes BE)  → vote time (i128 LE), then (format 9,
+//!   `query_index`) postcard(inf, vp, voter) of the vote
 //! - `t` time key (16) identity  → empty: local index of `d` by vote time,
 //!   written by [`Store::apply`] with every `d` put, never sent anywhere;
 //!   [`Store::sweep`] walks it to forget identities past the retention
-//! - `v` len(inf) inf len(vp) vp voter → empty: the series' voters (query API)
+//! - `v` len(inf) inf len(vp) vp voter → empty: the series' voters (query
+//!   API); format 9 on, written by [`Store::apply`] with every `d` put that
+//!   carries its vote's series and voter, and sent by [`Store::sweep`] only
+//!   when it forgets that identity
 //! - `l` postcard(`BoardKey`)   → `BoardRow`: the partition's leaderboard (`board.rs`)
-//! - `e` postcard(epoch, inf, vp, voter) → SPEC §14 open value (vote time, value)
+//! - `e` postcard(epoch, inf, vp, voter) → SPEC §14 open value (vote time, value),
+//!   format 8; read, and deleted once its unit is written or sealed
+//! - `h` postcard(epoch, inf, vp) → SPEC §14 a series' open values of an
+//!   epoch: (reviewer, vote time, value) each (format 9)
 //! - `u` postcard(vp, epoch, voter) → SPEC §14 sealed delta of this partition (n, q, h)
 //! - `x` close order (u64 BE)    → SPEC §14 closed batch waiting at the barrier
 //! - `p` name                    → shell positions (input offset, changelog offset)
@@ -521,12 +528,13 @@ impl Store {
     }
 
     /// Writes `records` and the `positions` in one atomic batch (with the
-    /// local `t` index entry of every identity put).
+    /// local index entries of every identity put: see
+    /// [`Store::index_entries`]).
     pub fn apply(&self, records: &[Record], positions: &[(&str, i64)]) -> Result<(), StoreError> {
         let mut index = Vec::new();
         for (k, v) in records {
-            if let Some(t) = v.as_deref().map(|v| self.index_entry(k, v)).transpose()? {
-                index.extend(t);
+            if let Some(v) = v {
+                self.index_entries(k, v, &mut index)?;
             }
         }
         let mut all: Vec<Put<'_>> = records
@@ -543,17 +551,27 @@ impl Store {
         self.write_lowering(wb, earliest, &WriteOptions::default())
     }
 
-    /// The `t` index entry that goes with a put of `key`, if it is an
-    /// identity (and this store keeps the index).
-    fn index_entry(&self, key: &[u8], value: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        if self.time_index && key.first() == Some(&b'd') {
-            Ok(Some(time_index_key(
-                self.identity_time(key, value)?,
-                &key[1..],
-            )))
-        } else {
-            Ok(None)
+    /// The local keys (empty values) that go with a put of `key`, if it is
+    /// an identity, appended to `out`: its `t` index entry (if this store
+    /// keeps the index) and, when the value carries its vote's series and
+    /// voter (format 9), that voter's `v` key. Neither is ever sent to the
+    /// changelog: whoever applies the identity derives them.
+    fn index_entries(
+        &self,
+        key: &[u8],
+        value: &[u8],
+        out: &mut Vec<Vec<u8>>,
+    ) -> Result<(), StoreError> {
+        if key.first() != Some(&b'd') {
+            return Ok(());
         }
+        if self.time_index {
+            out.push(time_index_key(self.identity_time(key, value)?, &key[1..]));
+        }
+        if let Some((series, voter)) = self.decoded(key, value, format::decode_identity_voter)? {
+            out.push(voter_key(&series, &voter));
+        }
+        Ok(())
     }
 
     /// Writes `wb`; an index entry in it before the sweep's start (`earliest`,
@@ -681,16 +699,26 @@ impl Store {
         Ok((engine, stats))
     }
 
-    /// SPEC §14's open values and this partition's sealed deltas.
+    /// SPEC §14's open values (each with whether it is a record of its
+    /// own, format 8's `e`, or in its unit's `h`) and this partition's
+    /// sealed deltas.
     #[allow(clippy::type_complexity)]
     fn reputation(
         &self,
-    ) -> Result<(Vec<(OpenKey, OpenValue)>, Vec<(TermsKey, Terms)>), StoreError> {
+    ) -> Result<(Vec<(OpenKey, OpenValue, bool)>, Vec<(TermsKey, Terms)>), StoreError> {
         let mut values = Vec::new();
         for item in self.prefix(b"e") {
             let (k, v) = item?;
             let key = format::parse_open_value_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            values.push((key, self.decoded(&k, &v, format::decode_open_value)?));
+            values.push((key, self.decoded(&k, &v, format::decode_open_value)?, true));
+        }
+        for item in self.prefix(b"h") {
+            let (k, v) = item?;
+            let (epoch, series) =
+                format::parse_open_unit_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            for (voter, value) in self.decoded(&k, &v, format::decode_open_unit)? {
+                values.push(((epoch, series.clone(), voter), value, false));
+            }
         }
         let mut deltas = Vec::new();
         for item in self.prefix(b"u") {
@@ -773,19 +801,22 @@ impl Store {
 
     /// Records that forget up to `limit` identities whose vote time is
     /// before `horizon` (SPEC §4 retention): deletes of the identity and of
-    /// its index entry. Every index entry is current (an identity accepted
-    /// again deletes its old entry, see [`Change::Dedupe`]), so this reads
-    /// nothing but the index. The last record moves the sweep's start (kept
-    /// across restarts) past them. Apply them before the cycle's engine changes,
-    /// so that an identity accepted again in the same cycle stays.
+    /// its index entry, and, for an identity that carries its vote's series
+    /// and voter (format 9), a put of that voter's `v` key: derived from
+    /// the identity until now, the key must outlive it on the changelog
+    /// (compaction drops the identity's record after its delete). Every
+    /// index entry is current (an identity accepted again deletes its old
+    /// entry, see [`Change::Dedupe`]). The last record moves the sweep's
+    /// start (kept across restarts) past them. Apply them before the
+    /// cycle's engine changes, so that an identity accepted again in the
+    /// same cycle stays.
     pub fn sweep(&self, horizon: Nanos, limit: usize) -> Result<Vec<Record>, StoreError> {
         let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
         let mut opts = ReadOptions::default();
         opts.set_total_order_seek(true);
         opts.set_iterate_lower_bound(from.clone());
         opts.set_iterate_upper_bound(time_index_key(horizon, &[]));
-        let mut out = Vec::new();
-        let mut last = None;
+        let mut index = Vec::new();
         for item in self
             .db
             .iterator_opt(IteratorMode::From(&from, Direction::Forward), opts)
@@ -795,16 +826,33 @@ impl Store {
             if k.len() != 33 || k[0] != b't' {
                 return Err(self.corrupt(&k, "bad identity index key"));
             }
-            out.push(([&b"d"[..], &k[17..]].concat(), None));
-            out.push((k.to_vec(), None));
-            last = Some(k);
+            index.push(k);
         }
+        let identities: Vec<Vec<u8>> = index
+            .iter()
+            .map(|t| [&b"d"[..], &t[17..]].concat())
+            .collect();
+        let mut out = Vec::with_capacity(2 * index.len() + 1);
+        self.multi_get(&identities, |i, v| {
+            if let Some(v) = v {
+                if let Some((series, voter)) =
+                    self.decoded(&identities[i], v, format::decode_identity_voter)?
+                {
+                    out.push((voter_key(&series, &voter), Some(Vec::new())));
+                }
+            }
+            Ok(())
+        })?;
         // Below the horizon everything is swept unless the limit stopped
         // the walk.
-        let next = match last {
-            Some(k) if out.len() / 2 == limit => k.to_vec(),
+        let next = match index.last() {
+            Some(k) if index.len() == limit => k.to_vec(),
             _ => time_index_key(horizon, &[]),
         };
+        for (d, t) in identities.into_iter().zip(index) {
+            out.push((d, None));
+            out.push((t.to_vec(), None));
+        }
         if next > *from {
             *from = next.clone();
             out.push((SWEEP_KEY.to_vec(), Some(format::encode_sweep(&next))));

@@ -16,7 +16,7 @@ fn series_keys_round_trip_and_prefix_by_inference() {
 }
 
 fn id_record(id: u128, at: Nanos) -> Record {
-    (identity_key(id), Some(format::encode_identity(at)))
+    (identity_key(id), Some(format::encode_identity(at, None)))
 }
 
 /// An untagged (format ≤ 6) series record, read as the upgrade reads it.
@@ -39,7 +39,7 @@ fn time_index_keys_sort_by_vote_time_including_negative_times() {
 
 fn reused_record(id: u128, at: Nanos, before: Nanos) -> Vec<Record> {
     let mut out = Vec::new();
-    encode_change(Change::Dedupe(id, at, Some(before)), &mut out);
+    encode_change(Change::Dedupe(id, at, Some(before), None), &mut out);
     out
 }
 
@@ -540,19 +540,21 @@ fn values_carry_their_format_and_unknown_ones_are_refused() {
     newer[0] = format::FORMAT + 1;
     assert!(matches!(
         format::decode_series(&newer),
-        Err(FormatError::Unknown(9))
+        Err(FormatError::Unknown(10))
     ));
-    // Format 7's values read as they are (its layouts are 8's).
-    let mut seven = v.clone();
-    seven[0] = 7;
-    assert_eq!(format::decode_series(&seven).unwrap(), s);
+    // Format 7's and 8's values read as they are (their layouts are 9's).
+    for older in [7, 8] {
+        let mut old = v.clone();
+        old[0] = older;
+        assert_eq!(format::decode_series(&old).unwrap(), s);
+    }
     assert!(matches!(
         format::decode_series(&[]),
         Err(FormatError::Empty)
     ));
     assert!(matches!(
         format::decode_series(&v[..v.len() - 1]),
-        Err(FormatError::Layout { format: 8, .. })
+        Err(FormatError::Layout { format: 9, .. })
     ));
 
     let entry = crate::engine::Entry {
@@ -574,7 +576,7 @@ fn values_carry_their_format_and_unknown_ones_are_refused() {
     };
     assert_eq!(format::decode_meta(&format::encode_meta(&m)).unwrap(), m);
     assert_eq!(
-        format::decode_identity(&format::encode_identity(-7)).unwrap(),
+        format::decode_identity(&format::encode_identity(-7, None)).unwrap(),
         -7
     );
     let row = BoardRow {
@@ -620,7 +622,7 @@ fn untagged_records_upgrade_to_what_this_build_writes() {
     s.evidence = Evidence { v: 0.5, q: 0.25 };
     let tagged = format::encode_series(&s);
     assert_eq!(legacy::upgrade(b"s", &tagged[1..]).unwrap(), tagged);
-    let at = format::encode_identity(42);
+    let at = format::encode_identity(42, None);
     assert_eq!(legacy::upgrade(b"d", &42i128.to_le_bytes()).unwrap(), at);
     let meta = format::encode_meta(&Meta::default());
     assert_eq!(legacy::upgrade(META_KEY, &meta[1..]).unwrap(), meta);
@@ -639,9 +641,77 @@ fn untagged_records_upgrade_to_what_this_build_writes() {
         &tagged[..]
     );
     assert!(matches!(
-        current_value(b"s", &tagged, Some(b"9")),
+        current_value(b"s", &tagged, Some(b"10")),
         Err(FormatError::Header(_))
     ));
+}
+
+/// Format 9's identity carries its vote's series and voter; 7's and 8's
+/// (the vote time alone) read as before, without one, and an 8 with more
+/// bytes is corrupt.
+#[test]
+fn an_identity_carries_its_voter_from_format_9() {
+    let series = SeriesKey {
+        inference_id: "inf-1".into(),
+        voter_prompt_id: "rubric".into(),
+    };
+    let with = format::encode_identity(-42, Some((&series, "rev-7")));
+    assert_eq!(with[0], 9);
+    assert_eq!(format::decode_identity(&with).unwrap(), -42);
+    assert_eq!(
+        format::decode_identity_voter(&with).unwrap(),
+        Some((series.clone(), "rev-7".into()))
+    );
+    let without = format::encode_identity(5, None);
+    assert_eq!(without.len(), 17);
+    assert_eq!(format::decode_identity_voter(&without).unwrap(), None);
+    let mut eight = without.clone();
+    eight[0] = 8;
+    assert_eq!(format::decode_identity(&eight).unwrap(), 5);
+    let mut eight_longer = with.clone();
+    eight_longer[0] = 8;
+    assert!(matches!(
+        format::decode_identity(&eight_longer),
+        Err(FormatError::Identity)
+    ));
+    assert!(matches!(
+        format::decode_identity(&with[..10]),
+        Err(FormatError::Identity)
+    ));
+    assert!(format::decode_identity_voter(&with[..with.len() - 1]).is_err());
+}
+
+/// A voter's `v` key is derived from the identities that carry it, when
+/// a cycle is applied (as a restore applies the changelog), and a sweep
+/// that forgets such an identity writes the key as a record of its own.
+#[test]
+fn voter_keys_come_from_identities_and_outlive_their_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let series = SeriesKey {
+        inference_id: "inf-1".into(),
+        voter_prompt_id: "rubric".into(),
+    };
+    let mut records = Vec::new();
+    encode_change(
+        Change::Dedupe(1, 10, None, Some((&series, "rev-a"))),
+        &mut records,
+    );
+    encode_change(Change::Dedupe(2, 20, None, None), &mut records);
+    assert_eq!(records.len(), 2, "no record of its own for the voter");
+    store.apply(&records, &[]).unwrap();
+    let voter = voter_key(&series, "rev-a");
+    assert_eq!(store.get(&voter).unwrap().as_deref(), Some(&[][..]));
+    let voters = store.voters_of("inf-1", 10).unwrap();
+    assert_eq!(voters["rubric"].0, ["rev-a"]);
+
+    let swept = store.sweep(15, 100).unwrap();
+    assert!(swept.contains(&(voter.clone(), Some(Vec::new()))), "{swept:?}");
+    assert!(swept.contains(&(identity_key(1), None)));
+    assert!(!swept.contains(&(identity_key(2), None)), "20 is after the horizon");
+    store.apply(&swept, &[]).unwrap();
+    assert_eq!(store.get(&identity_key(1)).unwrap(), None);
+    assert_eq!(store.voters_of("inf-1", 10).unwrap()["rubric"].0, ["rev-a"]);
 }
 
 /// An upgrade stopped halfway (a crash) resumes after the last key it
@@ -653,7 +723,7 @@ fn an_interrupted_upgrade_resumes_where_it_stopped() {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         let db = DB::open(&opts, dir.path()).unwrap();
-        db.put(identity_key(1), format::encode_identity(10))
+        db.put(identity_key(1), format::encode_identity(10, None))
             .unwrap();
         db.put(identity_key(2), 20i128.to_le_bytes()).unwrap();
         db.put(identity_key(3), 30i128.to_le_bytes()).unwrap();
@@ -713,4 +783,98 @@ fn a_read_only_look_reads_a_directory_not_upgraded() {
     let series = store.series_of("old-1").unwrap();
     assert_eq!(series.len(), 1);
     assert_eq!((series[0].1.score, series[0].1.update_seq), (0.75, 1));
+}
+
+/// SPEC §14's open values are one `h` record per series and epoch (format
+/// 9). A store of format 8 holds them as `e` records, one per reviewer:
+/// they are read, and deleted once their unit is written (a vote on the
+/// series in that epoch) or sealed.
+#[test]
+fn open_values_are_one_record_per_series_and_epoch_and_format_8_records_go() {
+    use crate::engine::reputation::{Mode, OpenValue};
+    let mut cfg = crate::config::Config::load(None).unwrap().engine();
+    cfg.reputation.mode = Mode::Learned;
+    cfg.reputation.epoch_ns = cfg.window_ns;
+    let opts = crate::config::Config::load(None).unwrap().decode_options();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t0: Nanos = 1_704_067_200_000_000_000;
+    let epoch = cfg.reputation.epoch_of(t0 - t0.rem_euclid(cfg.window_ns));
+    let series = |inf: &str| SeriesKey {
+        inference_id: inf.into(),
+        voter_prompt_id: "r".into(),
+    };
+    // Format 8's records of two series' values in the epoch.
+    let legacy = |inf: &str, voter: &str| {
+        let key = [
+            &b"e"[..],
+            &format::open_value_key(&(epoch, series(inf), voter.into())),
+        ]
+        .concat();
+        let mut value = format::encode_open_value(&OpenValue {
+            timestamp: t0,
+            value: Some(1.0),
+        });
+        value[0] = 8;
+        (key, Some(value))
+    };
+    let old = [legacy("i2", "c"), legacy("i2", "d"), legacy("i3", "c")];
+    store.apply(&old, &[]).unwrap();
+
+    let (mut engine, _) = store.load(cfg.clone()).unwrap();
+    assert_eq!(engine.open_values(), 3);
+    let mut out = Vec::new();
+    for (inf, voter, at) in [("i1", "a", 0), ("i1", "b", 1), ("i2", "e", 2)] {
+        let line = format!(
+            r#"{{"inference_id":"{inf}","voter_id":"{voter}","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:00:0{at}Z"}}"#
+        );
+        let v = crate::input::decode_vote(line.as_bytes(), &opts).unwrap();
+        let wants = engine.wants(&v);
+        store.provide(&mut engine, &[wants]).unwrap();
+        engine.process(&v, &mut out);
+    }
+    let mut records = Vec::new();
+    store.encode_changes(&mut engine, &mut records).unwrap();
+    let units: Vec<&Record> = records.iter().filter(|(k, _)| k[0] == b'h').collect();
+    assert_eq!(units.len(), 2, "one record per series: {units:?}");
+    for (k, v) in &units {
+        let (e, s) = format::parse_open_unit_key(&k[1..]).unwrap();
+        assert_eq!(e, epoch);
+        let voters: Vec<crate::input::Id> = format::decode_open_unit(v.as_deref().unwrap())
+            .unwrap()
+            .into_iter()
+            .map(|(voter, _)| voter)
+            .collect();
+        let want: &[&str] = if s == series("i1") { &["a", "b"] } else { &["c", "d", "e"] };
+        assert_eq!(voters, want, "{s:?}");
+    }
+    // i2's format-8 records go with its unit's put; i3's stays.
+    let gone: Vec<&Vec<u8>> = records
+        .iter()
+        .filter(|(k, v)| k[0] == b'e' && v.is_none())
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(gone, [&old[0].0, &old[1].0]);
+    assert!(records.iter().all(|(k, v)| k[0] != b'e' || v.is_none()));
+    store.apply(&records, &[]).unwrap();
+    assert_eq!(keys(&store, b"e"), 1);
+    let (mut engine, _) = store.load(cfg.clone()).unwrap();
+    assert_eq!(engine.open_values(), 6);
+
+    // A vote a day later seals the epoch: both units and i3's record go.
+    let v = crate::input::decode_vote(
+        br#"{"inference_id":"i9","voter_id":"z","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-02T00:00:00Z"}"#,
+        &opts,
+    )
+    .unwrap();
+    let wants = engine.wants(&v);
+    store.provide(&mut engine, &[wants]).unwrap();
+    engine.process(&v, &mut out);
+    let mut records = Vec::new();
+    store.encode_changes(&mut engine, &mut records).unwrap();
+    store.apply(&records, &[]).unwrap();
+    assert_eq!(keys(&store, b"e"), 0);
+    assert_eq!(keys(&store, b"h"), 1, "only the new day's unit");
+    let (engine, _) = store.load(cfg).unwrap();
+    assert_eq!(engine.open_values(), 1);
 }
