@@ -6,6 +6,11 @@
 # EPOCH_SECONDS (default 3600: the 6-hour file spans 6 epochs, so tables
 # are built and used); ROUNDS (default 3); JURYSTREAM_BIN=PATH measures
 # that binary instead of building one.
+# KAFKA=1 also measures `jurystream run` (at_least_once, 4 partitions, the
+# test broker of scripts/broker.sh) in each mode, turn about, ROUNDS
+# rounds, each a fresh group and state directory on one preloaded topic:
+# from its start until its group committed every input offset; CPU = the
+# process's user + system time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000000}"
@@ -58,3 +63,52 @@ for mode in off shadow; do
         --input "$INPUT" --state-dir "$WORK/state-$mode" --keep-open > /dev/null 2>&1
     echo "state ($mode, one open day): $(du -sm "$WORK/state-$mode" | cut -f1) MiB on disk, peak RSS $(( $(cat "$WORK/time.txt") / 1024 )) MiB"
 done
+
+if [ "${KAFKA:-0}" = 1 ]; then
+    PORT="${BENCH_PORT:-19196}"
+    BROKERS="127.0.0.1:$PORT"
+    . scripts/kafka-bench-lib.sh
+    HELPER="$(bench_exe kafka_passthrough)"
+    scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
+    scripts/broker.sh start "$PORT"
+    trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+    RUN="rep$$"
+    preload "$BIN" "$RUN" "$INPUT" at_least_once "$BROKERS" "$WORK"
+    TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
+    for i in $(seq "$ROUNDS"); do
+        for mode in off shadow learned; do
+            group="$RUN-$mode-$i"
+            state="$WORK/state-$group"
+            {
+                service_config "$RUN" "$group" "$state" 127.0.0.1:0 at_least_once "$BROKERS" \
+                    | sed 's/^\[batching\]$/[batching]\nwindow_seconds = 60/'
+                printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' \
+                    "$mode" "$EPOCH" "$group"
+            } > "$WORK/$group.toml"
+            rm -rf "$state"
+            start=$(date +%s.%N)
+            "$BIN" run --config "$WORK/$group.toml" > "$WORK/$group.log" 2>&1 &
+            pid=$!
+            "$HELPER" wait "$BROKERS" "$RUN-votes" "$group" "$TOTAL" > /dev/null
+            end=$(date +%s.%N)
+            ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+            kill -TERM "$pid"
+            wait "$pid" || true
+            rm -rf "$state"
+            python3 -c 'import sys; s, e, t, k = map(float, sys.argv[2:6]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f}")' \
+                "run-$mode" "$start" "$end" "$ticks" "$(getconf CLK_TCK)"
+        done
+    done | python3 -c '
+import sys
+rows = {}
+for line in sys.stdin:
+    label, secs, cpu = line.split()
+    rows.setdefault(label, []).append((float(secs), float(cpu)))
+off = min(r[0] for r in rows["run-off"])
+off_cpu = min(r[1] for r in rows["run-off"])
+for label, rs in rows.items():
+    best = min(r[0] for r in rs); cpu = min(r[1] for r in rs)
+    print(f"{label:12s} best of {len(rs)}: {best:.2f} s wall ({best / off:.3f} x off), "
+          f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off)")
+'
+fi

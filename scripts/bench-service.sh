@@ -10,7 +10,10 @@
 #    (MODES, default all three), and Quix Streams' exactly-once app
 #    (benches/quix_peer.py; QUIX=0 leaves it out). `jurystream replay` of
 #    the same file beside them. CPU = the process's user + system time
-#    (from /proc before it is stopped; replay's from `times`).
+#    (from /proc before it is stopped; replay's and the passthrough's from
+#    this shell's children), and the broker's CPU over the same span (it
+#    shares the 2 cores: what is left for the processor, and where a
+#    throughput ceiling comes from).
 # 2. Latency: for each mode, votes produced at 10 % and at 90 % of the
 #    throughput that mode reached in step 1 (`kafka_passthrough pace`, for
 #    LATENCY_SECONDS, default 15) to a fresh topic that a fresh `run`
@@ -58,6 +61,10 @@ scripts/broker.sh start "$PORT"
 trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
 RUN="svc$$"
 TCK="$(getconf CLK_TCK)"
+BROKER_PID="$(cat "${JURYSTREAM_BROKER_DIR:-${TMPDIR:-/tmp}/jurystream-broker}/tansu-$PORT.pid")"
+broker_ticks() { awk '{print $14 + $15}' "/proc/$BROKER_PID/stat"; }
+# This shell's waited-for children's CPU ticks.
+child_ticks() { awk '{print $16 + $17}' /proc/$$/stat; }
 RESULTS="$WORK/service-results.txt"
 : > "$RESULTS"
 
@@ -76,11 +83,12 @@ fi
 preload "$BIN" "$RUN" "$INPUT" at_least_once "$BROKERS" "$WORK"
 TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
 
-# measure LABEL GROUP CMD...: appends "LABEL wall_s cpu_s" to RESULTS; the
-# wall time from start to every offset committed by GROUP.
+# measure LABEL GROUP CMD...: appends "LABEL wall_s cpu_s broker_cpu_s" to
+# RESULTS; the wall time from start to every offset committed by GROUP.
 measure() {
     local label="$1" group="$2"; shift 2
-    local start end ticks pid
+    local start end ticks pid b0 b1
+    b0=$(broker_ticks)
     start=$(date +%s.%N)
     "$@" > "$WORK/$label.log" 2>&1 &
     pid=$!
@@ -92,6 +100,7 @@ measure() {
     "$HELPER" wait "$BROKERS" "$RUN-votes" "$group" "$TOTAL" > /dev/null
     end=$(date +%s.%N)
     ticks=$(awk '{print $14 + $15}' /proc/$pid/stat)
+    b1=$(broker_ticks)
     if [ -n "$perf" ]; then
         kill -INT "$perf"; wait "$perf" || true
     fi
@@ -101,15 +110,20 @@ measure() {
         perf report -i "$WORK/perf-$label.data" --no-children --sort comm --stdio -g none 2>/dev/null \
             | grep -v '^#' | grep -v '^$' | head -8 | sed 's/^/    /'
     fi
-    python3 -c 'import sys; s, e, t, k = map(float, sys.argv[2:6]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f}")' \
-        "$label" "$start" "$end" "$ticks" "$TCK" >> "$RESULTS"
+    python3 -c 'import sys; s, e, t, k, b = map(float, sys.argv[2:7]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f} {b / k:.2f}")' \
+        "$label" "$start" "$end" "$ticks" "$TCK" "$((b1 - b0))" >> "$RESULTS"
     echo "  $(tail -1 "$RESULTS")"
 }
 
 echo "backlog: $TOTAL votes"
+B0=$(broker_ticks)
+C0=$(child_ticks)
 PASS_S="$("$HELPER" pass "$BROKERS" "$RUN-votes" "$RUN-pass-out" "$RUN-pass" "$TOTAL")"
-echo "passthrough $PASS_S 0" >> "$RESULTS"
-echo "  passthrough $PASS_S s"
+B1=$(broker_ticks)
+C1=$(child_ticks)
+python3 -c 'import sys; w, c, b, k = map(float, sys.argv[1:5]); print(f"passthrough {w} {c / k:.2f} {b / k:.2f}")' \
+    "$PASS_S" "$((C1 - C0))" "$((B1 - B0))" "$TCK" >> "$RESULTS"
+echo "  $(tail -1 "$RESULTS")"
 # replay: the same engine on the same file, no Kafka.
 REPLAY_CONFIG="$WORK/replay.toml"
 : > "$REPLAY_CONFIG"
@@ -118,7 +132,7 @@ START=$(date +%s.%N)
 "$BIN" replay --config "$REPLAY_CONFIG" --input "$INPUT" > /dev/null
 END=$(date +%s.%N)
 T1=$(awk '{print ($14 + $15 + $16 + $17)}' /proc/$$/stat)
-python3 -c 'import sys; s, e, a, b, k = map(float, sys.argv[1:6]); print(f"replay {e - s:.3f} {(b - a) / k:.2f}")' \
+python3 -c 'import sys; s, e, a, b, k = map(float, sys.argv[1:6]); print(f"replay {e - s:.3f} {(b - a) / k:.2f} 0")' \
     "$START" "$END" "$T0" "$T1" "$TCK" >> "$RESULTS"
 echo "  $(tail -1 "$RESULTS")"
 for mode in $MODES; do
@@ -201,20 +215,20 @@ for line in open(sys.argv[1]):
     if f[0] == "latency":
         lat.append(f[1:])
     else:
-        rows[f[0]] = (float(f[1]), float(f[2]))
+        rows[f[0]] = (float(f[1]), float(f[2]), float(f[3]))
 n = int(sys.argv[2])
 print(f"\n{n} votes, 4 partitions, one run")
-print(f"{'':22} {'time s':>8} {'votes/s':>10} {'CPU s/M votes':>14} {'x replay CPU':>13}")
+print(f"{'':22} {'time s':>8} {'votes/s':>10} {'CPU s/M votes':>14} {'x replay CPU':>13} {'broker CPU s/M':>15}")
 rep = rows["replay"][1] * 1e6 / n
-for k, (s, c) in rows.items():
+for k, (s, c, b) in rows.items():
     cpu = c * 1e6 / n
-    cpu_s = f"{cpu:14.2f}" if k != "passthrough" else f"{'':>14}"
     ratio = f"{cpu / rep:13.2f}" if k != "passthrough" else f"{'':>13}"
-    print(f"{k:22} {s:8.2f} {n / s:10,.0f} {cpu_s} {ratio}")
+    broker = f"{b * 1e6 / n:15.2f}" if k != "replay" else f"{'':>15}"
+    print(f"{k:22} {s:8.2f} {n / s:10,.0f} {cpu:14.2f} {ratio} {broker}")
 if "exactly_once" in rows and "at_least_once" in rows:
     print(f"exactly_once / at_least_once throughput: {rows['at_least_once'][0] / rows['exactly_once'][0]:.2f}")
 if "exactly_once" in rows and "quix_exactly_once" in rows:
-    (js, jc), (qs, qc) = rows["exactly_once"], rows["quix_exactly_once"]
+    (js, jc, _), (qs, qc, _) = rows["exactly_once"], rows["quix_exactly_once"]
     print(f"exactly_once / Quix exactly-once: {qs / js:.2f}x the throughput, {qc / jc:.2f}x less CPU per vote")
 for mode, pct, rate, p50, p99, count in lat:
     print(f"latency {mode:20} {pct:>3} % ({int(rate):,} votes/s): p50 {p50} ms, p99 {p99} ms ({count} records)")
