@@ -196,8 +196,17 @@ impl Engine {
             pending,
             stored: false,
         };
-        self.pending.push_back((order, slot));
+        self.push_pending(order, slot);
         self.dirty_pending.push(order);
+    }
+
+    /// Adds a batch at the back of the barrier (its `order` after every
+    /// other's), counting its epoch.
+    fn push_pending(&mut self, order: u64, slot: PendingSlot) {
+        debug_assert!(self.pending.back().is_none_or(|(o, _)| *o < order));
+        let epoch = self.cfg.reputation.epoch_of(slot.pending.key.window_start);
+        *self.pending_epochs.entry(epoch).or_default() += 1;
+        self.pending.push_back((order, slot));
     }
 
     /// Scores the waiting batches whose tables are final, in close order.
@@ -210,6 +219,13 @@ impl Engine {
             let Some((order, slot)) = self.pending.pop_front() else {
                 break;
             };
+            let epoch = self.cfg.reputation.epoch_of(slot.pending.key.window_start);
+            if let Some(n) = self.pending_epochs.get_mut(&epoch) {
+                *n -= 1;
+                if *n == 0 {
+                    self.pending_epochs.remove(&epoch);
+                }
+            }
             if slot.stored {
                 self.deleted_pending.push(order);
             }
@@ -382,11 +398,7 @@ impl Engine {
     /// batch's.
     fn oldest_epoch_under(&self, wm: Nanos) -> Epoch {
         let p = &self.cfg.reputation;
-        let waiting = self
-            .pending
-            .iter()
-            .map(|(_, s)| p.epoch_of(s.pending.key.window_start))
-            .min();
+        let waiting = self.pending_epochs.keys().next().copied();
         let open = p.epoch_of(wm.saturating_sub(self.cfg.window_ns));
         waiting.map_or(open, |w| w.min(open))
     }
@@ -465,7 +477,7 @@ impl Engine {
                 pending: p,
                 stored: true,
             };
-            self.pending.push_back((order, slot));
+            self.push_pending(order, slot);
         }
         for ((epoch, series, voter), value, legacy) in values {
             let slot = OpenSlot {
@@ -545,8 +557,10 @@ impl Engine {
             sink(Change::Terms(&key, &t));
         }
         for order in self.dirty_pending.drain(..) {
-            // Scored since (then never stored): nothing to write.
-            if let Some((_, slot)) = self.pending.iter_mut().find(|(o, _)| *o == order) {
+            // Scored since (then never stored): nothing to write. The
+            // waiting batches are in close order.
+            if let Ok(i) = self.pending.binary_search_by_key(&order, |(o, _)| *o) {
+                let slot = &mut self.pending[i].1;
                 slot.stored = true;
                 sink(Change::Pending(order, Some(&slot.pending)));
             }

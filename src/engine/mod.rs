@@ -348,6 +348,10 @@ pub struct Engine {
     tables: Tables,
     /// Closed batches waiting at the barrier, in close order (`learned`).
     pending: std::collections::VecDeque<(u64, PendingSlot)>,
+    /// How many of them have each epoch: the oldest is what the tables
+    /// must keep apart, asked at every watermark advance (a scan of the
+    /// waiting batches there made `run` quadratic in them).
+    pending_epochs: BTreeMap<Epoch, usize>,
     /// The next pending batch's place in the close order.
     next_pending: u64,
     dirty_pending: Vec<u64>,
@@ -416,6 +420,7 @@ impl Engine {
             sealed: Vec::new(),
             tables: Tables::default(),
             pending: Default::default(),
+            pending_epochs: BTreeMap::new(),
             next_pending: 0,
             dirty_pending: Vec::new(),
             deleted_pending: Vec::new(),

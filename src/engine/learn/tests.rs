@@ -323,6 +323,10 @@ fn a_batch_waits_for_the_group_and_survives_a_restart() {
     }
     assert_eq!(e.pending_batches(), 2, "i0's batch and i1's wait");
     assert!(got.is_empty());
+    // The oldest waiting batch (epoch 0) keeps its epoch's tables apart.
+    let p = cfg_in(Mode::Learned).reputation;
+    let epoch0 = p.epoch_of(votes[0].timestamp);
+    assert_eq!(e.oldest_epoch_needed(), Some(epoch0));
     m.persist(&mut e);
     assert_eq!(m.pending.len(), 2);
     let mut e = m.restore_with(cfg_in(Mode::Learned));
@@ -331,10 +335,11 @@ fn a_batch_waits_for_the_group_and_survives_a_restart() {
         e.add_delta(&k.0, k.1, &k.2, t);
     }
     assert_eq!(e.pending_batches(), 2);
+    assert_eq!(e.oldest_epoch_needed(), Some(epoch0), "restored batches count");
     // The other partition seals epoch 0: i1's batch (epoch 2) may go.
-    let p = cfg_in(Mode::Learned).reputation;
-    e.set_group_sealed(Some(p.epoch_of(votes[0].timestamp)), &mut got);
+    e.set_group_sealed(Some(epoch0), &mut got);
     assert_eq!(e.pending_batches(), 0);
+    assert!(e.oldest_epoch_needed() > Some(epoch0), "no batch waits");
     e.set_group_sealed(Some(Epoch::MAX), &mut got);
     e.close_all(&mut got);
     m.persist(&mut e);
