@@ -463,7 +463,10 @@ fn assert_copies_only_of_killed_cycles(
     let mut origins: HashMap<String, std::collections::VecDeque<(i32, u64)>> = HashMap::new();
     for r in &records {
         let at = r.cycle().expect("every event has an origin header");
-        origins.entry(normalize(&r.value)).or_default().push_back(at);
+        origins
+            .entry(normalize(&r.value))
+            .or_default()
+            .push_back(at);
     }
     let mut extra_cycles: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
     for e in &extra {

@@ -179,10 +179,7 @@ fn a_fenced_producer_stops_the_instance_without_committing() {
         !fenced_origins.is_empty(),
         "a's last cycles {last:?} have events"
     );
-    eprintln!(
-        "a's last cycles {last:?}: {} events",
-        fenced_origins.len()
-    );
+    eprintln!("a's last cycles {last:?}: {} events", fenced_origins.len());
 
     // Another instance restores the state from the changelog and carries
     // on to the end: one event per origin, and those are the replay's.

@@ -95,10 +95,16 @@ fn write_unit<'a>(
     }
     for (voter, slot) in slots.iter_mut().filter(|(_, slot)| slot.legacy) {
         slot.legacy = false;
-        sink(Change::OpenValueGone(&(epoch, series.clone(), (*voter).clone())));
+        sink(Change::OpenValueGone(&(
+            epoch,
+            series.clone(),
+            (*voter).clone(),
+        )));
     }
-    let values: SmallVec<[(&Id, OpenValue); UNIT_CAPACITY]> =
-        slots.iter().map(|(voter, slot)| (*voter, slot.value)).collect();
+    let values: SmallVec<[(&Id, OpenValue); UNIT_CAPACITY]> = slots
+        .iter()
+        .map(|(voter, slot)| (*voter, slot.value))
+        .collect();
     sink(Change::OpenUnit(epoch, series, Some(&values)));
     for (_, slot) in slots {
         slot.dirty = false;
@@ -531,7 +537,12 @@ impl Engine {
             }
             for (&epoch, units) in self.parked_values.iter_mut() {
                 for (series, unit) in units.iter_mut() {
-                    write_unit(epoch, series, unit.iter_mut().map(|(v, slot)| (&*v, slot)), sink);
+                    write_unit(
+                        epoch,
+                        series,
+                        unit.iter_mut().map(|(v, slot)| (&*v, slot)),
+                        sink,
+                    );
                 }
             }
         }

@@ -642,9 +642,7 @@ impl Engine {
             self.cache_bytes += cache::voter_bytes(&skey, &vote.voter_id);
             let pair = (skey.clone(), vote.voter_id.clone());
             if let Some((k, v)) = self.identity_voters.insert(identity, pair) {
-                self.cache_bytes = self
-                    .cache_bytes
-                    .saturating_sub(cache::voter_bytes(&k, &v));
+                self.cache_bytes = self.cache_bytes.saturating_sub(cache::voter_bytes(&k, &v));
             }
         }
         // (6) watermark.

@@ -338,7 +338,8 @@ impl Model {
                     assert!(self.open.len() < before, "{epoch} {series:?} not stored");
                 }
                 for (voter, v) in values.unwrap_or_default() {
-                    self.open.insert((epoch, series.clone(), (*voter).clone()), *v);
+                    self.open
+                        .insert((epoch, series.clone(), (*voter).clone()), *v);
                 }
             }
             Change::OpenValueGone(k) => panic!("no format-8 record was restored: {k:?}"),

@@ -338,9 +338,11 @@ pub fn decode_meta(v: &[u8]) -> Result<Meta, FormatError> {
 /// (format 9, when the vote's series keeps its voters) the vote's
 /// inference, rubric and voter.
 pub fn encode_identity(at: Nanos, voter: Option<(&SeriesKey, &str)>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(17 + voter.map_or(0, |(k, v)| {
-        3 + k.inference_id.len() + k.voter_prompt_id.len() + v.len()
-    }));
+    let mut out = Vec::with_capacity(
+        17 + voter.map_or(0, |(k, v)| {
+            3 + k.inference_id.len() + k.voter_prompt_id.len() + v.len()
+        }),
+    );
     out.push(FORMAT);
     out.extend_from_slice(&at.to_le_bytes());
     match voter {
@@ -353,7 +355,9 @@ pub fn encode_identity(at: Nanos, voter: Option<(&SeriesKey, &str)>) -> Vec<u8> 
 /// The vote time and the rest of an identity's value.
 fn identity_parts(v: &[u8]) -> Result<(u8, Nanos, &[u8]), FormatError> {
     let (format, bytes) = payload(v)?;
-    let (at, rest) = bytes.split_first_chunk::<16>().ok_or(FormatError::Identity)?;
+    let (at, rest) = bytes
+        .split_first_chunk::<16>()
+        .ok_or(FormatError::Identity)?;
     if format < 9 && !rest.is_empty() {
         return Err(FormatError::Identity);
     }
@@ -449,7 +453,9 @@ pub fn decode_open_value(v: &[u8]) -> Result<OpenValue, FormatError> {
 type OpenUnitL = Vec<(Id, Nanos, Option<f64>)>;
 
 pub fn encode_open_unit(values: &[(&Id, OpenValue)]) -> Vec<u8> {
-    encode(&each(values, |(voter, v)| (&***voter, v.timestamp, v.value)))
+    encode(&each(values, |(voter, v)| {
+        (&***voter, v.timestamp, v.value)
+    }))
 }
 
 pub fn decode_open_unit(v: &[u8]) -> Result<Vec<(Id, OpenValue)>, FormatError> {

@@ -706,9 +706,15 @@ fn voter_keys_come_from_identities_and_outlive_their_sweep() {
     assert_eq!(voters["rubric"].0, ["rev-a"]);
 
     let swept = store.sweep(15, 100).unwrap();
-    assert!(swept.contains(&(voter.clone(), Some(Vec::new()))), "{swept:?}");
+    assert!(
+        swept.contains(&(voter.clone(), Some(Vec::new()))),
+        "{swept:?}"
+    );
     assert!(swept.contains(&(identity_key(1), None)));
-    assert!(!swept.contains(&(identity_key(2), None)), "20 is after the horizon");
+    assert!(
+        !swept.contains(&(identity_key(2), None)),
+        "20 is after the horizon"
+    );
     store.apply(&swept, &[]).unwrap();
     assert_eq!(store.get(&identity_key(1)).unwrap(), None);
     assert_eq!(store.voters_of("inf-1", 10).unwrap()["rubric"].0, ["rev-a"]);
@@ -845,7 +851,11 @@ fn open_values_are_one_record_per_series_and_epoch_and_format_8_records_go() {
             .into_iter()
             .map(|(voter, _)| voter)
             .collect();
-        let want: &[&str] = if s == series("i1") { &["a", "b"] } else { &["c", "d", "e"] };
+        let want: &[&str] = if s == series("i1") {
+            &["a", "b"]
+        } else {
+            &["c", "d", "e"]
+        };
         assert_eq!(voters, want, "{s:?}");
     }
     // i2's format-8 records go with its unit's put; i3's stays.

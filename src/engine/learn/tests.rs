@@ -335,7 +335,11 @@ fn a_batch_waits_for_the_group_and_survives_a_restart() {
         e.add_delta(&k.0, k.1, &k.2, t);
     }
     assert_eq!(e.pending_batches(), 2);
-    assert_eq!(e.oldest_epoch_needed(), Some(epoch0), "restored batches count");
+    assert_eq!(
+        e.oldest_epoch_needed(),
+        Some(epoch0),
+        "restored batches count"
+    );
     // The other partition seals epoch 0: i1's batch (epoch 2) may go.
     e.set_group_sealed(Some(epoch0), &mut got);
     assert_eq!(e.pending_batches(), 0);
