@@ -639,6 +639,9 @@ impl Store {
         };
         let mut batches = Vec::new();
         let mut series = Vec::new();
+        // The series loaded so far: a waiting batch's series is looked up
+        // here (by the hundred thousand after a backlog, so not in `series`).
+        let mut loaded = std::collections::HashSet::new();
         for item in self.prefix(b"b") {
             let (k, v) = item?;
             let key = format::parse_batch_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
@@ -652,6 +655,7 @@ impl Store {
                     .get(&sk)?
                     .ok_or_else(|| self.corrupt(&sk, "an open batch's series is missing"))?;
                 let state = self.decoded(&sk, &state, format::decode_series)?;
+                loaded.insert(key.series.clone());
                 series.push((key.series.clone(), state));
             }
             batches.push((key, b));
@@ -665,7 +669,7 @@ impl Store {
                 .map(u64::from_be_bytes)
                 .ok_or_else(|| self.corrupt(&k, "a pending batch key is not 9 bytes"))?;
             let p = self.decoded(&k, &v, format::decode_pending)?;
-            if !series.iter().any(|(s, _)| *s == p.key.series) {
+            if loaded.insert(p.key.series.clone()) {
                 let sk = series_key_bytes(&p.key.series);
                 let state = self
                     .get(&sk)?
