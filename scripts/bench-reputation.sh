@@ -11,6 +11,12 @@
 # rounds, each a fresh group and state directory on one preloaded topic:
 # from its start until its group committed every input offset; CPU = the
 # process's user + system time.
+# LIVE=1 (with KAFKA=1) also measures `run` at a live rate: votes produced
+# at LIVE_RATE votes/s (default 20000) for LIVE_SECONDS (default 30) to a
+# fresh topic that a fresh `run` in each mode consumes as they come, turn
+# about, ROUNDS rounds; CPU per million votes from ready to every offset
+# committed (partitions in step, as in production: a batch seldom waits
+# at the barrier, where a backlog's partitions drift apart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000000}"
@@ -110,5 +116,54 @@ for label, rs in rows.items():
     best = min(r[0] for r in rs); cpu = min(r[1] for r in rs)
     print(f"{label:12s} best of {len(rs)}: {best:.2f} s wall ({best / off:.3f} x off), "
           f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off)")
+'
+fi
+
+if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
+    RATE="${LIVE_RATE:-20000}"
+    SECONDS_LIVE="${LIVE_SECONDS:-30}"
+    cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+    for i in $(seq "$ROUNDS"); do
+        for mode in off shadow learned; do
+            live="$RUN-live-$mode-$i"
+            state="$WORK/state-$live"
+            listen="127.0.0.1:$((PORT + 100))"
+            {
+                service_config "$live" "$live-group" "$state" "$listen" at_least_once "$BROKERS" \
+                    | sed 's/^\[batching\]$/[batching]\nwindow_seconds = 60/'
+                printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' \
+                    "$mode" "$EPOCH" "$live"
+            } > "$WORK/$live.toml"
+            rm -rf "$state"
+            "$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" 1 0 > /dev/null
+            "$BIN" run --config "$WORK/$live.toml" > "$WORK/$live.log" 2>&1 &
+            pid=$!
+            for _ in $(seq 600); do
+                if curl -sf "http://$listen/metrics" 2>/dev/null \
+                    | awk '/^jurystream_partition_ready\{/ {n += $2} END {exit !(n == 4)}'; then
+                    break
+                fi
+                sleep 0.1
+            done
+            t0=$(cpu_ticks "$pid")
+            read -r produced _ < <("$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" "$RATE" "$SECONDS_LIVE")
+            "$HELPER" wait "$BROKERS" "$live-votes" "$live-group" "$produced" > /dev/null
+            t1=$(cpu_ticks "$pid")
+            kill -TERM "$pid"
+            wait "$pid" || true
+            rm -rf "$state"
+            python3 -c 'import sys; t, k, n = map(float, sys.argv[2:5]); print(f"{sys.argv[1]} {t / k / n * 1e6:.2f} {n:.0f}")' \
+                "live-$mode" "$((t1 - t0))" "$(getconf CLK_TCK)" "$produced"
+        done
+    done | python3 -c '
+import sys
+rows = {}
+for line in sys.stdin:
+    label, cpu, n = line.split()
+    rows.setdefault(label, []).append(float(cpu))
+off = min(rows["live-off"])
+for label, rs in rows.items():
+    every = ", ".join(f"{r:.2f}" for r in rs)
+    print(f"{label:12s} best of {len(rs)}: {min(rs):.2f} CPU-s per M votes ({min(rs) / off:.3f} x off), all: {every}")
 '
 fi
