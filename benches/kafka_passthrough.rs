@@ -7,7 +7,8 @@
 //!       `jurystream run` with delivery = "at_least_once"), until N records
 //!       are committed; prints the elapsed time.
 //!   kafka_passthrough wait BROKERS TOPIC GROUP N
-//!       wait until GROUP has committed N records of TOPIC; prints the time.
+//!       wait until GROUP has committed N records of TOPIC; prints the time,
+//!       then when it first saw a commit of GROUP and how many that held.
 //!   kafka_passthrough mark BROKERS TOPIC GROUP N
 //!       the same, polling every 20 ms with one client (scripts/bench-query.sh);
 //!       prints the Unix time (s) when it saw N or more committed, and how
@@ -96,10 +97,22 @@ fn main() {
         Some("wait") => {
             let (brokers, topic, group, n) = (&a[1], &a[2], &a[3], a[4].parse::<i64>().unwrap());
             let t = Instant::now();
-            while committed_total(brokers, topic, group) < n {
+            // When the group's first commit was seen, and what it held:
+            // the rate after it leaves out the start (joining the group,
+            // the broker's initial rebalance delay, the first cycle).
+            let mut first: Option<(f64, i64)> = None;
+            loop {
+                let got = committed_total(brokers, topic, group);
+                if got > 0 && first.is_none() {
+                    first = Some((t.elapsed().as_secs_f64(), got));
+                }
+                if got >= n {
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            println!("{:.3}", t.elapsed().as_secs_f64());
+            let (first_s, first_n) = first.unwrap_or((0.0, 0));
+            println!("{:.3} {first_s:.3} {first_n}", t.elapsed().as_secs_f64());
         }
         Some("mark") => {
             let (brokers, topic, group, n) = (&a[1], &a[2], &a[3], a[4].parse::<i64>().unwrap());

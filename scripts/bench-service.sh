@@ -83,8 +83,11 @@ fi
 preload "$BIN" "$RUN" "$INPUT" at_least_once "$BROKERS" "$WORK"
 TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
 
-# measure LABEL GROUP CMD...: appends "LABEL wall_s cpu_s broker_cpu_s" to
-# RESULTS; the wall time from start to every offset committed by GROUP.
+# measure LABEL GROUP CMD...: appends "LABEL wall_s cpu_s broker_cpu_s
+# steady_votes_per_s" to RESULTS; the wall time from start to every offset
+# committed by GROUP; the steady rate from GROUP's first commit to its last
+# (without the start: joining the group, the broker's initial rebalance
+# delay, restore, the first cycle).
 measure() {
     local label="$1" group="$2"; shift 2
     local start end ticks pid b0 b1
@@ -97,7 +100,8 @@ measure() {
         perf record -F 499 -g -p "$pid" -o "$WORK/perf-$label.data" > /dev/null 2>&1 &
         perf=$!
     fi
-    "$HELPER" wait "$BROKERS" "$RUN-votes" "$group" "$TOTAL" > /dev/null
+    local waited first first_n
+    read -r waited first first_n < <("$HELPER" wait "$BROKERS" "$RUN-votes" "$group" "$TOTAL")
     end=$(date +%s.%N)
     ticks=$(awk '{print $14 + $15}' /proc/$pid/stat)
     b1=$(broker_ticks)
@@ -110,8 +114,8 @@ measure() {
         perf report -i "$WORK/perf-$label.data" --no-children --sort comm --stdio -g none 2>/dev/null \
             | grep -v '^#' | grep -v '^$' | head -8 | sed 's/^/    /'
     fi
-    python3 -c 'import sys; s, e, t, k, b = map(float, sys.argv[2:7]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f} {b / k:.2f}")' \
-        "$label" "$start" "$end" "$ticks" "$TCK" "$((b1 - b0))" >> "$RESULTS"
+    python3 -c 'import sys; s, e, t, k, b, w, f, fn, n = map(float, sys.argv[2:11]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f} {b / k:.2f} {(n - fn) / max(w - f, 1e-9):.0f}")' \
+        "$label" "$start" "$end" "$ticks" "$TCK" "$((b1 - b0))" "$waited" "$first" "$first_n" "$TOTAL" >> "$RESULTS"
     echo "  $(tail -1 "$RESULTS")"
 }
 
@@ -210,26 +214,30 @@ done
 python3 - "$RESULTS" "$TOTAL" <<'PY'
 import sys
 rows, lat = {}, []
+n = int(sys.argv[2])
 for line in open(sys.argv[1]):
     f = line.split()
     if f[0] == "latency":
         lat.append(f[1:])
     else:
-        rows[f[0]] = (float(f[1]), float(f[2]), float(f[3]))
-n = int(sys.argv[2])
+        # The steady rate where measured (the runs), else the whole one.
+        steady = float(f[4]) if len(f) > 4 else n / float(f[1])
+        rows[f[0]] = (float(f[1]), float(f[2]), float(f[3]), steady)
 print(f"\n{n} votes, 4 partitions, one run")
-print(f"{'':22} {'time s':>8} {'votes/s':>10} {'CPU s/M votes':>14} {'x replay CPU':>13} {'broker CPU s/M':>15}")
+print(f"{'':22} {'time s':>8} {'votes/s':>10} {'steady/s':>10} {'CPU s/M votes':>14} {'x replay CPU':>13} {'broker CPU s/M':>15}")
 rep = rows["replay"][1] * 1e6 / n
-for k, (s, c, b) in rows.items():
+for k, (s, c, b, st) in rows.items():
     cpu = c * 1e6 / n
     ratio = f"{cpu / rep:13.2f}" if k != "passthrough" else f"{'':>13}"
     broker = f"{b * 1e6 / n:15.2f}" if k != "replay" else f"{'':>15}"
-    print(f"{k:22} {s:8.2f} {n / s:10,.0f} {cpu:14.2f} {ratio} {broker}")
+    print(f"{k:22} {s:8.2f} {n / s:10,.0f} {st:10,.0f} {cpu:14.2f} {ratio} {broker}")
 if "exactly_once" in rows and "at_least_once" in rows:
-    print(f"exactly_once / at_least_once throughput: {rows['at_least_once'][0] / rows['exactly_once'][0]:.2f}")
+    eo, alo = rows["exactly_once"], rows["at_least_once"]
+    print(f"exactly_once / at_least_once throughput: {alo[0] / eo[0]:.2f} (steady: {eo[3] / alo[3]:.2f})")
 if "exactly_once" in rows and "quix_exactly_once" in rows:
-    (js, jc, _), (qs, qc, _) = rows["exactly_once"], rows["quix_exactly_once"]
-    print(f"exactly_once / Quix exactly-once: {qs / js:.2f}x the throughput, {qc / jc:.2f}x less CPU per vote")
+    (js, jc, _, jst), (qs, qc, _, qst) = rows["exactly_once"], rows["quix_exactly_once"]
+    print(f"exactly_once / Quix exactly-once: {qs / js:.2f}x the throughput (steady: {jst / qst:.2f}x), "
+          f"{qc / jc:.2f}x less CPU per vote")
 for mode, pct, rate, p50, p99, count in lat:
     print(f"latency {mode:20} {pct:>3} % ({int(rate):,} votes/s): p50 {p50} ms, p99 {p99} ms ({count} records)")
 PY
