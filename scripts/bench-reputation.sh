@@ -129,8 +129,10 @@ if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
             state="$WORK/state-$live"
             listen="127.0.0.1:$((PORT + 100))"
             {
+                # No idle flush while the file's (past) vote times flow.
                 service_config "$live" "$live-group" "$state" "$listen" at_least_once "$BROKERS" \
-                    | sed 's/^\[batching\]$/[batching]\nwindow_seconds = 60/'
+                    | sed -e 's/^\[batching\]$/[batching]\nwindow_seconds = 60/' \
+                        -e 's/^idle_flush_seconds = .*/idle_flush_seconds = 3600/'
                 printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' \
                     "$mode" "$EPOCH" "$live"
             } > "$WORK/$live.toml"
@@ -138,13 +140,7 @@ if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
             "$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" 1 0 > /dev/null
             "$BIN" run --config "$WORK/$live.toml" > "$WORK/$live.log" 2>&1 &
             pid=$!
-            for _ in $(seq 600); do
-                if curl -sf "http://$listen/metrics" 2>/dev/null \
-                    | awk '/^jurystream_partition_ready\{/ {n += $2} END {exit !(n == 4)}'; then
-                    break
-                fi
-                sleep 0.1
-            done
+            wait_ready "$listen"
             t0=$(cpu_ticks "$pid")
             read -r produced _ < <("$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" "$RATE" "$SECONDS_LIVE")
             "$HELPER" wait "$BROKERS" "$live-votes" "$live-group" "$produced" > /dev/null

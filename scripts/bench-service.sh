@@ -164,14 +164,7 @@ latency() {
     "$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" 1 0 > /dev/null
     "$BIN" run --config "$WORK/$live.toml" > "$WORK/$live.log" 2>&1 &
     pid=$!
-    # Ready: all 4 partitions assigned and restored.
-    for _ in $(seq 600); do
-        if curl -sf "http://$listen/metrics" 2>/dev/null \
-            | awk '/^jurystream_partition_ready\{/ {n += $2} END {exit !(n == 4)}'; then
-            break
-        fi
-        sleep 0.1
-    done
+    wait_ready "$listen"
     read -r produced _ < <("$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" "$rate" "$LATENCY_SECONDS")
     "$HELPER" wait "$BROKERS" "$live-votes" "$live-group" "$produced" > /dev/null
     # The group commit can precede the metrics' update by the commit's end.

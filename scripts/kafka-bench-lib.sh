@@ -51,3 +51,15 @@ preload() {
     rm -rf "$6/state-$2-setup" "$6/$2-setup.toml"
     "$1" produce --input "$3" --topic "$2-votes" --brokers "$5"
 }
+
+# wait_ready LISTEN: until the service at LISTEN has its 4 partitions
+# assigned and restored (at most 60 s).
+wait_ready() {
+    for _ in $(seq 600); do
+        if curl -sf "http://$1/metrics" 2>/dev/null \
+            | awk '/^jurystream_partition_ready\{/ {n += $2} END {exit !(n == 4)}'; then
+            return 0
+        fi
+        sleep 0.1
+    done
+}
