@@ -1,6 +1,6 @@
 use super::*;
 use crate::engine::score::Evidence;
-use crate::engine::Change;
+use crate::engine::{Change, Meta, Wants};
 
 #[test]
 fn series_keys_round_trip_and_prefix_by_inference() {

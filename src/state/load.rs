@@ -1,0 +1,228 @@
+//! What a partition reads from its store: its open state at a restore
+//! ([`Store::load`]), and the series and identities the engine asks for
+//! ([`Store::read`], [`Store::provide`]).
+
+use crate::engine::reputation::{OpenKey, OpenValue, Terms, TermsKey};
+use crate::engine::{Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants};
+use crate::time::Nanos;
+
+use super::keys::*;
+use super::{format, Store, StoreError, INCOMPLETE, META_KEY};
+
+/// What a load read, for logs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestoreStats {
+    /// Series loaded (those of open batches).
+    pub series: u64,
+    pub batches: u64,
+}
+
+/// Series states and identity times read by [`Store::read`] (`None`: not
+/// stored).
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub(super) series: Vec<(SeriesKey, Option<SeriesState>)>,
+    pub(super) identities: Vec<(u128, Option<Nanos>)>,
+    /// Keys looked up in RocksDB (series and identities).
+    pub keys_read: usize,
+}
+
+impl Loaded {
+    /// Hands the values to the engine; entries it has cached meanwhile win.
+    pub fn provide(self, engine: &mut Engine) {
+        for (k, state) in self.series {
+            engine.provide_series(k, state);
+        }
+        for (id, at) in self.identities {
+            engine.provide_identity(id, at);
+        }
+    }
+}
+
+/// Keys per RocksDB multi-get (see [`Store::multi_get`]).
+pub(super) const MULTI_GET: usize = 256;
+
+impl Store {
+    /// Loads what a partition needs in memory: its values, its open batches
+    /// and their series. Series and identities stay on disk until a vote
+    /// needs them, so this is O(open state), not O(history).
+    pub fn load(&self, mut cfg: EngineConfig) -> Result<(Engine, RestoreStats), StoreError> {
+        // What the query API reads is kept in every state but a temporary
+        // one (a replay without --state-dir), which nobody can query.
+        cfg.query_index = self.time_index;
+        if self.position(INCOMPLETE)?.is_some() {
+            return Err(self.corrupt(
+                INCOMPLETE.as_bytes(),
+                "a previous run stopped while writing this state; delete the directory and replay again",
+            ));
+        }
+        let meta = match self.get(META_KEY)? {
+            Some(v) => self.decoded(META_KEY, &v, format::decode_meta)?,
+            None => Meta::default(),
+        };
+        let mut batches = Vec::new();
+        let mut series = Vec::new();
+        // The series loaded so far: a waiting batch's series is looked up
+        // here (by the hundred thousand after a backlog, so not in `series`).
+        let mut loaded = std::collections::HashSet::new();
+        for item in self.prefix(b"b") {
+            let (k, v) = item?;
+            let key = format::parse_batch_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            let b = self.decoded(&k, &v, format::decode_batch)?;
+            if series
+                .last()
+                .is_none_or(|(s, _): &(SeriesKey, _)| *s != key.series)
+            {
+                let sk = series_key_bytes(&key.series);
+                let state = self
+                    .get(&sk)?
+                    .ok_or_else(|| self.corrupt(&sk, "an open batch's series is missing"))?;
+                let state = self.decoded(&sk, &state, format::decode_series)?;
+                loaded.insert(key.series.clone());
+                series.push((key.series.clone(), state));
+            }
+            batches.push((key, b));
+        }
+        let mut waiting = Vec::new();
+        for item in self.prefix(b"x") {
+            let (k, v) = item?;
+            let order = k
+                .get(1..9)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_be_bytes)
+                .ok_or_else(|| self.corrupt(&k, "a pending batch key is not 9 bytes"))?;
+            let p = self.decoded(&k, &v, format::decode_pending)?;
+            if loaded.insert(p.key.series.clone()) {
+                let sk = series_key_bytes(&p.key.series);
+                let state = self
+                    .get(&sk)?
+                    .ok_or_else(|| self.corrupt(&sk, "a pending batch's series is missing"))?;
+                series.push((
+                    p.key.series.clone(),
+                    self.decoded(&sk, &state, format::decode_series)?,
+                ));
+            }
+            waiting.push((order, p));
+        }
+        let empty = self.prefix(b"s").next().is_none() && self.prefix(b"d").next().is_none();
+        let stats = RestoreStats {
+            series: series.len() as u64,
+            batches: batches.len() as u64,
+        };
+        let (board, agreement) = if cfg.query_index {
+            (self.board_for_load()?, self.agreement()?)
+        } else {
+            Default::default()
+        };
+        let (values, deltas) = self.reputation()?;
+        let mut engine = Engine::restore(cfg, meta, series, batches, empty);
+        engine.restore_reputation(values, deltas, waiting);
+        engine.restore_board(board);
+        engine.restore_agreement(
+            agreement
+                .into_iter()
+                .map(|(k, s)| (crate::input::Id::from(k), s)),
+        );
+        Ok((engine, stats))
+    }
+
+    /// SPEC §14's open values (each with whether it is a record of its
+    /// own, format 8's `e`, or in its unit's `h`) and this partition's
+    /// sealed deltas.
+    #[allow(clippy::type_complexity)]
+    fn reputation(
+        &self,
+    ) -> Result<(Vec<(OpenKey, OpenValue, bool)>, Vec<(TermsKey, Terms)>), StoreError> {
+        let mut values = Vec::new();
+        for item in self.prefix(b"e") {
+            let (k, v) = item?;
+            let key = format::parse_open_value_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            values.push((key, self.decoded(&k, &v, format::decode_open_value)?, true));
+        }
+        for item in self.prefix(b"h") {
+            let (k, v) = item?;
+            let (epoch, series) =
+                format::parse_open_unit_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            for (voter, value) in self.decoded(&k, &v, format::decode_open_unit)? {
+                values.push(((epoch, series.clone(), voter), value, false));
+            }
+        }
+        let mut deltas = Vec::new();
+        for item in self.prefix(b"u") {
+            let (k, v) = item?;
+            let key = format::parse_terms_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            deltas.push((key, self.decoded(&k, &v, format::decode_terms)?));
+        }
+        Ok((values, deltas))
+    }
+
+    /// Hands the engine what `wants` name, read from the store (one
+    /// multi-get per kind). Keys are deduplicated by the caller or not: a
+    /// second provide of the same key is ignored. Returns how many keys
+    /// were looked up in RocksDB.
+    pub fn provide(&self, engine: &mut Engine, wants: &[Wants]) -> Result<usize, StoreError> {
+        let loaded = self.read(wants)?;
+        let keys = loaded.keys_read;
+        loaded.provide(engine);
+        Ok(keys)
+    }
+
+    /// What `wants` name, read from the store (see [`Loaded::provide`]).
+    /// Series first, each once: the identity of a vote whose series the
+    /// store lacks is not read, since a stored identity implies its stored
+    /// series (an accepted vote creates its series, and a cycle writes
+    /// both) and the shell asks only for series the cache lacks.
+    pub fn read(&self, wants: &[Wants]) -> Result<Loaded, StoreError> {
+        let mut loaded = Loaded::default();
+        let mut unique = rustc_hash::FxHashSet::default();
+        let series: Vec<&SeriesKey> = wants
+            .iter()
+            .filter_map(|w| w.series.as_ref())
+            .filter(|k| unique.insert(*k))
+            .collect();
+        let keys: Vec<Vec<u8>> = series.iter().map(|k| series_key_bytes(k)).collect();
+        let mut absent = rustc_hash::FxHashSet::default();
+        self.multi_get(&keys, |i, v| {
+            match v {
+                Some(v) => {
+                    let state = self.decoded(&keys[i], v, format::decode_series)?;
+                    loaded.series.push((series[i].clone(), Some(state)));
+                }
+                None => {
+                    absent.insert(series[i]);
+                }
+            }
+            Ok(())
+        })?;
+        let ids: Vec<u128> = wants
+            .iter()
+            .filter(|w| !w.series.as_ref().is_some_and(|k| absent.contains(k)))
+            .filter_map(|w| w.identity)
+            .collect();
+        let keys: Vec<Vec<u8>> = ids.iter().map(|&id| identity_key(id)).collect();
+        loaded.keys_read = series.len() + keys.len();
+        self.multi_get(&keys, |i, v| {
+            let at = v.map(|v| self.identity_time(&keys[i], v)).transpose()?;
+            loaded.identities.push((ids[i], at));
+            Ok(())
+        })?;
+        Ok(loaded)
+    }
+
+    /// Looks `keys` up in slices of [`MULTI_GET`] and calls `f(index,
+    /// value)` for each in order. One multi-get over many keys pins a data
+    /// block per key until it returns: a sweep of 100 000 identities pinned
+    /// 60 MiB past the block cache's budget.
+    pub(super) fn multi_get(
+        &self,
+        keys: &[Vec<u8>],
+        mut f: impl FnMut(usize, Option<&[u8]>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        for (c, slice) in keys.chunks(MULTI_GET).enumerate() {
+            for (j, v) in self.db.multi_get(slice).into_iter().enumerate() {
+                f(c * MULTI_GET + j, v.map_err(|e| self.rocks(e))?.as_deref())?;
+            }
+        }
+        Ok(())
+    }
+}
