@@ -13,6 +13,7 @@
 //! in RocksDB), the same state the emitted events reflect.
 
 pub mod http;
+mod params;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, RwLock};
