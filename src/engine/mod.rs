@@ -22,9 +22,13 @@ mod persisted;
 pub mod reputation;
 
 pub use persisted::{Batch, BatchKey, Entry, Meta, Pending, SeriesKey, SeriesState};
+mod config;
+mod update;
+pub use config::{Decay, EngineConfig, RubricParams};
+pub use update::{Forecast, Learned, Outcome, ScoreUpdate};
 
 use crate::input::Id;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap;
 
@@ -34,180 +38,7 @@ use agreement::{ReviewerKey, ReviewerStats, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
 use cache::{IdKey, IdentityEntry, SeriesEntry};
 use learn::{PendingSlot, Shared};
-use reputation::{Epoch, OpenKey, OpenValue, ReputationParams, Tables, Terms, TermsKey};
-use score::{Aggregator, TimeUnit};
-
-/// The scoring parameters a rubric may override.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RubricParams {
-    pub lambda: f64,
-    pub time_unit: TimeUnit,
-    pub variance_threshold: f64,
-    pub aggregator: Aggregator,
-    pub temperature: f64,
-}
-
-/// A decay setting scored alongside the configured one (the backtest's
-/// other λ of a window, SPEC §10): (lambda, time unit) by default and per
-/// rubric that sets its own.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decay {
-    pub defaults: (f64, TimeUnit),
-    pub rubrics: HashMap<String, (f64, TimeUnit)>,
-}
-
-impl Decay {
-    /// The decay of `cfg` (its default and its rubrics').
-    pub fn of(cfg: &EngineConfig) -> Decay {
-        let pair = |p: &RubricParams| (p.lambda, p.time_unit);
-        Decay {
-            defaults: pair(&cfg.defaults),
-            rubrics: cfg
-                .rubrics
-                .iter()
-                .map(|(k, p)| (k.clone(), pair(p)))
-                .collect(),
-        }
-    }
-
-    fn params(&self, voter_prompt_id: &str) -> (f64, TimeUnit) {
-        *self.rubrics.get(voter_prompt_id).unwrap_or(&self.defaults)
-    }
-}
-
-/// Everything the engine needs from the configuration, already validated.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Window length in nanoseconds; 0 means one window per instant.
-    pub window_ns: i128,
-    /// `batching.window_seconds` as configured (echoed in `params`).
-    pub window_seconds: f64,
-    pub grace_ns: i128,
-    pub max_votes: u32,
-    pub initial_score: f64,
-    pub initial_gap_ns: i128,
-    pub min_votes: u32,
-    pub retention_ns: i128,
-    pub defaults: RubricParams,
-    pub rubrics: HashMap<String, RubricParams>,
-    /// Keep what the query API reads (SPEC §9): each series' voters and
-    /// the partition's leaderboard rows. Off for a temporary replay state,
-    /// which nobody queries (nor reopens: SPEC §14's open values are not
-    /// written to it either).
-    pub query_index: bool,
-    /// Other decays whose scores every series also keeps (the backtest;
-    /// empty otherwise): [`ScoreUpdate::companions`].
-    pub companions: Vec<Decay>,
-    /// SPEC §14.
-    pub reputation: ReputationParams,
-}
-
-impl EngineConfig {
-    pub fn params(&self, voter_prompt_id: &str) -> &RubricParams {
-        self.rubrics.get(voter_prompt_id).unwrap_or(&self.defaults)
-    }
-
-    /// Start of the window holding `ts`.
-    pub fn window_start(&self, ts: Nanos) -> Nanos {
-        if self.window_ns == 0 {
-            ts
-        } else {
-            ts.div_euclid(self.window_ns) * self.window_ns
-        }
-    }
-
-    /// Whether the window starting at `start` is closed under `watermark`.
-    pub fn is_closed(&self, start: Nanos, watermark: Option<Nanos>) -> bool {
-        match watermark {
-            None => false,
-            Some(wm) if self.window_ns == 0 => wm > start,
-            Some(wm) => wm >= start + self.window_ns,
-        }
-    }
-}
-
-/// What happened to one vote.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Outcome {
-    Accepted,
-    Duplicate,
-    Late(Rejection),
-}
-
-/// A batch's score update (SPEC §5 `score_updated`, plus the flag data).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ScoreUpdate {
-    pub series: SeriesKey,
-    pub model_id: Option<Id>,
-    pub update_seq: u64,
-    pub score: f64,
-    pub previous_score: f64,
-    /// The series' previous scored batch's mean vote (None on the first
-    /// update, and after an update stored before format 5).
-    pub previous_mean_vote: Option<f64>,
-    /// The series' counted votes in all its scored batches, this one
-    /// included.
-    pub series_votes: u64,
-    pub alpha: f64,
-    pub delta_t_seconds: f64,
-    pub ambiguous: bool,
-    pub params: RubricParams,
-    pub window_seconds: f64,
-    pub window_start: Nanos,
-    pub window_end: Option<Nanos>,
-    pub first_vote_at: Nanos,
-    pub last_vote_at: Nanos,
-    pub abstentions: u32,
-    pub superseded: u32,
-    pub weight_sum: f64,
-    pub mean_vote: f64,
-    pub aggregate: f64,
-    pub variance: f64,
-    /// The counted votes in `vote_ids` order.
-    pub votes: Vec<Entry>,
-    /// SPEC §13: the evidence behind `score` as a number of votes, and
-    /// its 95 % interval (None while there is none).
-    pub effective_votes: Option<f64>,
-    pub score_interval: Option<(f64, f64)>,
-    /// The interval of `previous_score` (the backtest's coverage check).
-    pub previous_interval: Option<(f64, f64)>,
-    /// The same update under each of [`EngineConfig::companions`].
-    pub companions: Vec<Forecast>,
-    /// `learned` mode (SPEC §14): the weights and step applied.
-    pub learned: Option<Learned>,
-}
-
-/// What `learned` mode applied to a batch (SPEC §14 "Outputs").
-#[derive(Debug, Clone, PartialEq)]
-pub struct Learned {
-    /// ω of each counted vote, in `votes` order (each vote's applied
-    /// weight is its `weight` × this).
-    pub weights: Vec<f64>,
-    /// β, the damped step.
-    pub step: f64,
-    /// (k − 1)·E: the end of the newest epoch T_k holds.
-    pub table_until: Nanos,
-}
-
-impl ScoreUpdate {
-    /// The update's scores under the engine's own decay.
-    pub fn forecast(&self) -> Forecast {
-        Forecast {
-            previous_score: self.previous_score,
-            score: self.score,
-            previous_interval: self.previous_interval,
-        }
-    }
-}
-
-/// A series' score before and after an update under one decay, and the
-/// interval of the score before it: what the backtest judges.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Forecast {
-    pub previous_score: f64,
-    pub score: f64,
-    pub previous_interval: Option<(f64, f64)>,
-}
+use reputation::{Epoch, OpenKey, OpenValue, Tables, Terms, TermsKey};
 
 /// One change to persist, as [`Engine::drain_changes`] reports it.
 pub enum Change<'a> {

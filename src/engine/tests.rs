@@ -1,3 +1,5 @@
+use std::collections::HashMap;
+
 use super::score::{Aggregator, TimeUnit};
 use super::*;
 use crate::input::Vote;

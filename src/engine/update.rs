@@ -1,0 +1,89 @@
+//! What the engine reports per vote and per scored batch.
+
+use super::persisted::{Entry, SeriesKey};
+use super::RubricParams;
+use crate::input::{Id, Rejection};
+use crate::time::Nanos;
+
+/// What happened to one vote.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Accepted,
+    Duplicate,
+    Late(Rejection),
+}
+
+/// A batch's score update (SPEC §5 `score_updated`, plus the flag data).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoreUpdate {
+    pub series: SeriesKey,
+    pub model_id: Option<Id>,
+    pub update_seq: u64,
+    pub score: f64,
+    pub previous_score: f64,
+    /// The series' previous scored batch's mean vote (None on the first
+    /// update, and after an update stored before format 5).
+    pub previous_mean_vote: Option<f64>,
+    /// The series' counted votes in all its scored batches, this one
+    /// included.
+    pub series_votes: u64,
+    pub alpha: f64,
+    pub delta_t_seconds: f64,
+    pub ambiguous: bool,
+    pub params: RubricParams,
+    pub window_seconds: f64,
+    pub window_start: Nanos,
+    pub window_end: Option<Nanos>,
+    pub first_vote_at: Nanos,
+    pub last_vote_at: Nanos,
+    pub abstentions: u32,
+    pub superseded: u32,
+    pub weight_sum: f64,
+    pub mean_vote: f64,
+    pub aggregate: f64,
+    pub variance: f64,
+    /// The counted votes in `vote_ids` order.
+    pub votes: Vec<Entry>,
+    /// SPEC §13: the evidence behind `score` as a number of votes, and
+    /// its 95 % interval (None while there is none).
+    pub effective_votes: Option<f64>,
+    pub score_interval: Option<(f64, f64)>,
+    /// The interval of `previous_score` (the backtest's coverage check).
+    pub previous_interval: Option<(f64, f64)>,
+    /// The same update under each of [`EngineConfig::companions`].
+    pub companions: Vec<Forecast>,
+    /// `learned` mode (SPEC §14): the weights and step applied.
+    pub learned: Option<Learned>,
+}
+
+/// What `learned` mode applied to a batch (SPEC §14 "Outputs").
+#[derive(Debug, Clone, PartialEq)]
+pub struct Learned {
+    /// ω of each counted vote, in `votes` order (each vote's applied
+    /// weight is its `weight` × this).
+    pub weights: Vec<f64>,
+    /// β, the damped step.
+    pub step: f64,
+    /// (k − 1)·E: the end of the newest epoch T_k holds.
+    pub table_until: Nanos,
+}
+
+impl ScoreUpdate {
+    /// The update's scores under the engine's own decay.
+    pub fn forecast(&self) -> Forecast {
+        Forecast {
+            previous_score: self.previous_score,
+            score: self.score,
+            previous_interval: self.previous_interval,
+        }
+    }
+}
+
+/// A series' score before and after an update under one decay, and the
+/// interval of the score before it: what the backtest judges.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Forecast {
+    pub previous_score: f64,
+    pub score: f64,
+    pub previous_interval: Option<(f64, f64)>,
+}
