@@ -39,8 +39,8 @@ use crate::engine::agreement::VoterRow;
 use crate::error::{Chain, Classify, Fault, RetryHint};
 
 pub use super::params::{
-    canonical_query, params, Id, LeaderboardParams, NoParams, Params, RubricParams, VotersParams,
-    VOTERS_DEFAULT_LIMIT, VOTERS_MAX_LIMIT,
+    canonical_query, error, params, Id, LeaderboardParams, NoParams, Params, RubricParams,
+    VotersParams, VOTERS_DEFAULT_LIMIT, VOTERS_MAX_LIMIT,
 };
 use super::{
     merge_board, merge_inference, merge_rubrics, merge_voters, percent_encode, GroupWeights,
@@ -114,11 +114,6 @@ impl Api {
             client: Client::builder(TokioExecutor::new()).build(connector),
         })
     }
-}
-
-/// A JSON error answer.
-pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
 }
 
 /// The `/v1/*` routes.

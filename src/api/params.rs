@@ -1,20 +1,26 @@
 //! What a query API request's path and query string parse to (SPEC §9):
 //! the strict id extractor ([`Id`]), one query struct per route behind
 //! [`Params`], which refuses unknown parameters, and [`canonical_query`]
-//! (pure, fuzzed in `fuzz/`). Rejections are the API's JSON 400s.
+//! (pure, fuzzed in `fuzz/`). Rejections are the API's JSON 400s
+//! ([`error`], every error answer of the API).
 
 use std::collections::HashMap;
 
 use axum::extract::{FromRequestParts, Path, Query};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, Uri};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use percent_encoding::percent_decode_str;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
-use super::http::error;
 use super::{malformed_escape, VoterOrder};
+
+/// A JSON error answer.
+pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+}
 
 /// Longest id (SPEC §1).
 const MAX_ID_BYTES: usize = 256;
