@@ -38,14 +38,12 @@ use serde::{Deserialize, Serialize};
 use crate::engine::agreement::VoterRow;
 use crate::error::{Chain, Classify, Fault, RetryHint};
 
+use super::merge::{merge_board, merge_inference, merge_rubrics, merge_voters};
 pub use super::params::{
     canonical_query, error, params, Id, LeaderboardParams, NoParams, Params, RubricParams,
     VotersParams, VOTERS_DEFAULT_LIMIT, VOTERS_MAX_LIMIT,
 };
-use super::{
-    merge_board, merge_inference, merge_rubrics, merge_voters, percent_encode, GroupWeights,
-    Holdings, LocalAnswer, Unavailable, VoterOrder,
-};
+use super::{percent_encode, GroupWeights, Holdings, LocalAnswer, Unavailable, VoterOrder};
 
 /// Largest peer answer read.
 const MAX_PEER_ANSWER: usize = 64 << 20;
@@ -622,7 +620,8 @@ mod query_tests {
 #[cfg(test)]
 mod fan_out_tests {
     use super::*;
-    use crate::api::{covering, PartAnswer};
+    use crate::api::merge::covering;
+    use crate::api::PartAnswer;
 
     /// An answer holding one partition of a two-partition topic.
     fn holding(partition: i32, data: Vec<u64>) -> LocalAnswer<u64> {

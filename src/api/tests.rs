@@ -1,3 +1,4 @@
+use super::merge::*;
 use super::*;
 
 fn part<T>(topic: &str, partition: i32, ready: bool, data: Vec<T>) -> PartAnswer<T> {
