@@ -45,7 +45,7 @@ pub enum Command {
     /// next start redoes it). Broker outages are retried with backoff; a
     /// fenced producer or a corrupt state store stops the process with exit
     /// status 1; a configuration error exits with status 2.
-    Run(RunArgs),
+    Run(ServiceArgs),
     /// The front door between labelling tools and Kafka:
     /// POST /v1/votes (one vote, a JSON array or NDJSON; each checked and
     /// answered by index) and Label Studio webhooks (POST
@@ -58,7 +58,7 @@ pub enum Command {
     /// on connect.listen with /metrics, /healthz and /readyz; stateless, so
     /// any number of instances can share one address. README: "With Label
     /// Studio".
-    Connect(ConnectArgs),
+    Connect(ServiceArgs),
     /// Publish a JSONL vote file to a Kafka topic, one message per non-blank
     /// line, keyed by inference_id when the line has one (backfills, demos).
     Produce(ProduceArgs),
@@ -152,18 +152,9 @@ pub struct ReplayArgs {
     pub metrics_linger: u64,
 }
 
+/// The arguments of the long-running commands (`run`, `connect`).
 #[derive(Args)]
-pub struct RunArgs {
-    /// Configuration file (TOML); keys not set keep their defaults.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Log format (overrides log.format).
-    #[arg(long, value_enum, value_name = "FORMAT")]
-    pub log_format: Option<LogFormatArg>,
-}
-
-#[derive(Args)]
-pub struct ConnectArgs {
+pub struct ServiceArgs {
     /// Configuration file (TOML); keys not set keep their defaults.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,

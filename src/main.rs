@@ -98,7 +98,7 @@ fn load_config(path: Option<&std::path::Path>) -> Result<Config, Failure> {
     Config::load(path).map_err(|e: ConfigError| Failure::Usage(e.to_string()))
 }
 
-fn run(a: RunArgs) -> Outcome {
+fn run(a: ServiceArgs) -> Outcome {
     let cfg = start_service(a.config, a.log_format, |c| {
         Duration::from_millis(c.kafka.shutdown_timeout_ms as u64)
     })?;
@@ -108,7 +108,7 @@ fn run(a: RunArgs) -> Outcome {
     Ok(())
 }
 
-fn connect(a: ConnectArgs) -> Outcome {
+fn connect(a: ServiceArgs) -> Outcome {
     // The drain, then a request in progress waiting on the broker.
     let cfg = start_service(a.config, a.log_format, |c| {
         Duration::from_secs_f64(c.connect.drain_seconds)
