@@ -1,7 +1,7 @@
 //! The deployment files (deploy/): scripts/validate-deploy.sh passes, and
 //! every metric the alert rules (directly or through the recording rules
 //! they read) and the dashboard use is one jurystream exports
-//! (src/telemetry/mod.rs), every alert has a unit test and a runbook; the
+//! (src/telemetry/names.rs), every alert has a unit test and a runbook; the
 //! manifests, rules and panels of `jurystream connect` (SPEC §12) fit
 //! together.
 
@@ -27,9 +27,9 @@ fn have(cmd: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// The metric names src/telemetry/mod.rs declares (`pub const X: &str = "jurystream_..."`).
+/// The metric names src/telemetry/names.rs declares (`pub const X: &str = "jurystream_..."`).
 fn exported_metrics() -> BTreeSet<String> {
-    let src = read("src/telemetry/mod.rs");
+    let src = read("src/telemetry/names.rs");
     let names: BTreeSet<String> = src
         .lines()
         .filter(|l| l.trim_start().starts_with("pub const ") && l.contains(": &str"))
@@ -329,15 +329,15 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
         );
     }
     // The values of the connect metrics' labels (result, source, action)
-    // that rules and panels select are values src/telemetry/mod.rs
+    // that rules and panels select are values src/telemetry/names.rs
     // documents (`produced`, `failed` ...): a typo selects nothing.
-    let telemetry = read("src/telemetry/mod.rs");
+    let telemetry = read("src/telemetry/names.rs");
     for (what, expr) in alerts.iter().chain(&recorded).chain(&panels) {
         for (label, value) in label_matchers(expr) {
             if ["result", "source", "action"].contains(&label.as_str()) {
                 assert!(
                     telemetry.contains(&format!("`{value}`")),
-                    "{what}: {label}=\"{value}\" is no value src/telemetry/mod.rs documents"
+                    "{what}: {label}=\"{value}\" is no value src/telemetry/names.rs documents"
                 );
             }
         }
@@ -352,7 +352,7 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
         .collect();
     assert!(
         unknown.is_empty(),
-        "metrics not exported by src/telemetry/mod.rs: {unknown:#?}"
+        "metrics not exported by src/telemetry/names.rs: {unknown:#?}"
     );
     // The dashboard shows every exported metric.
     let missing: Vec<_> = exported
