@@ -5,10 +5,11 @@
 //! events and local `state.dir` — written by `write_format_N_fixtures`
 //! (`#[ignore]`d: it runs the old binary named by `JURYSTREAM_FIXTURE_BIN`).
 //! There are fixtures for formats 6 ([`write_format_6_fixtures`], commit
-//! ed1e475), 7 ([`write_format_7_fixtures`], commit d6bf4e9) and 8
+//! ed1e475), 7 ([`write_format_7_fixtures`], commit d6bf4e9), 8
 //! ([`write_format_8_fixtures`], commit 783ceac, in SPEC §14's `learned`
 //! mode: its reputation topic too, and `replay --partition-files` as the
-//! run's oracle). The other
+//! run's oracle) and 9 ([`write_format_9_fixtures`], commit 55b69dd,
+//! `learned` too). The other
 //! tests run this build on the second part and compare with a replay of
 //! the whole stream by this build, three for each format N:
 //!
@@ -634,6 +635,16 @@ fn write_format_8_fixtures() {
     write_fixtures(8, "783ceac");
 }
 
+/// Writes `tests/fixtures/state-format-9/` (or `$JURYSTREAM_FIXTURE_OUT`)
+/// with the binary `$JURYSTREAM_FIXTURE_BIN`, the build of state format 9
+/// (commit 55b69dd), in SPEC §14's `learned` mode; needs the test broker.
+/// See the fixture's README.md.
+#[test]
+#[ignore = "writes the fixture with an old binary: JURYSTREAM_FIXTURE_BIN=… cargo test --test upgrade write_format_9_fixtures -- --ignored"]
+fn write_format_9_fixtures() {
+    write_fixtures(9, "55b69dd");
+}
+
 fn write_fixtures(format: u32, commit: &str) {
     let _g = serial();
     let bin = PathBuf::from(std::env::var("JURYSTREAM_FIXTURE_BIN").expect(
@@ -911,6 +922,11 @@ fn replay_continues_from_a_format_8_learned_state_directory() {
     replay_continues(&Fixture::of_format(8));
 }
 
+#[test]
+fn replay_continues_from_a_format_9_learned_state_directory() {
+    replay_continues(&Fixture::of_format(9));
+}
+
 /// This build's `replay` of part 2 into a copy of the old replay's state
 /// directory prints what this build's replay of the whole stream prints
 /// after the old replay's events of part 1.
@@ -1035,6 +1051,16 @@ fn run_restores_a_format_8_learned_changelog_and_continues_exactly() {
 #[test]
 fn run_continues_on_a_format_8_learned_state_directory_exactly() {
     run_continues(&Fixture::of_format(8), true);
+}
+
+#[test]
+fn run_restores_a_format_9_learned_changelog_and_continues_exactly() {
+    run_continues(&Fixture::of_format(9), false);
+}
+
+#[test]
+fn run_continues_on_a_format_9_learned_state_directory_exactly() {
+    run_continues(&Fixture::of_format(9), true);
 }
 
 /// A fresh broker holding the fixture's input and changelog records (at

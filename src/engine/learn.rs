@@ -10,9 +10,10 @@ use super::reputation::{self, Table};
 use super::*;
 
 /// An open value, and whether the store holds it or must be given it.
-/// The store holds a series' values of an epoch as one record (a unit);
-/// a value a store of format 8 held as a record of its own (`legacy`)
-/// has that record deleted when its unit is written or sealed.
+/// The store holds a series' values in the series' record, and an index
+/// entry per epoch it has values of (a unit; format 9 held the values in
+/// it); a value a store of format 8 held as a record of its own
+/// (`legacy`) has that record deleted when its unit is written or sealed.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct OpenSlot {
     value: OpenValue,
@@ -81,8 +82,24 @@ pub(super) fn note(values: &mut Values, epoch: Epoch, voter: &Id, new: OpenValue
     }
 }
 
-/// A series' values of `epoch` as one record, when one of them changed:
-/// the unit's put, after the deletes of its values' format-8 records.
+/// A series' open values of every epoch, as its record carries them.
+#[derive(Clone, Copy)]
+pub struct OpenValues<'a>(pub(super) &'a [(Epoch, Id, OpenSlot)]);
+
+impl<'a> OpenValues<'a> {
+    /// (epoch, reviewer, value) each.
+    pub fn iter(self) -> impl ExactSizeIterator<Item = (Epoch, &'a Id, OpenValue)> + Clone {
+        self.0
+            .iter()
+            .map(|(epoch, voter, slot)| (*epoch, voter, slot.value))
+    }
+}
+
+/// A series' values of `epoch`, when one of them changed: the series'
+/// record (written in the same drain: a value changes only with a vote,
+/// which marks its series dirty) holds them; the unit's index entry is
+/// written if the store has none yet, after the deletes of its values'
+/// format-8 records.
 fn write_unit<'a>(
     epoch: Epoch,
     series: &SeriesKey,
@@ -93,6 +110,7 @@ fn write_unit<'a>(
     if !slots.iter().any(|(_, slot)| slot.dirty) {
         return;
     }
+    let indexed = slots.iter().any(|(_, slot)| slot.stored && !slot.legacy);
     for (voter, slot) in slots.iter_mut().filter(|(_, slot)| slot.legacy) {
         slot.legacy = false;
         sink(Change::OpenValueGone(&(
@@ -101,11 +119,9 @@ fn write_unit<'a>(
             (*voter).clone(),
         )));
     }
-    let values: SmallVec<[(&Id, OpenValue); UNIT_CAPACITY]> = slots
-        .iter()
-        .map(|(voter, slot)| (*voter, slot.value))
-        .collect();
-    sink(Change::OpenUnit(epoch, series, Some(&values)));
+    if !indexed {
+        sink(Change::OpenUnit(epoch, series, true));
+    }
     for (_, slot) in slots {
         slot.dirty = false;
         slot.stored = true;
@@ -517,7 +533,7 @@ impl Engine {
     /// to persist.
     pub(super) fn drain_reputation(&mut self, sink: &mut impl FnMut(Change<'_>)) {
         for (epoch, series) in self.deleted_open.drain(..) {
-            sink(Change::OpenUnit(epoch, &series, None));
+            sink(Change::OpenUnit(epoch, &series, false));
         }
         for key in self.deleted_legacy_open.drain(..) {
             sink(Change::OpenValueGone(&key));

@@ -37,12 +37,14 @@ use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
 use agreement::{ReviewerKey, ReviewerStats, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
 use cache::{IdKey, IdentityEntry, SeriesEntry};
+pub use learn::OpenValues;
 use learn::{PendingSlot, Shared};
 use reputation::{Epoch, OpenKey, OpenValue, Tables, Terms, TermsKey};
 
 /// One change to persist, as [`Engine::drain_changes`] reports it.
 pub enum Change<'a> {
-    Series(&'a SeriesKey, &'a SeriesState),
+    /// A series' state, with its open values of every epoch (SPEC §14).
+    Series(&'a SeriesKey, &'a SeriesState, OpenValues<'a>),
     Batch(&'a BatchKey, Option<&'a Batch>),
     /// An accepted vote's identity and vote time (identities are forgotten
     /// by the state store's retention sweep, never by the engine), the
@@ -59,9 +61,11 @@ pub enum Change<'a> {
     /// A reviewer's agreement numbers for a rubric, whole (`query_index`
     /// only).
     Reviewer(&'a ReviewerKey, &'a ReviewerStats),
-    /// A series' open values of an epoch, each reviewer's latest vote
-    /// (SPEC §14; `None`: the epoch was sealed).
-    OpenUnit(Epoch, &'a SeriesKey, Option<&'a [(&'a Id, OpenValue)]>),
+    /// Whether a series holds open values of an epoch (SPEC §14): `true`
+    /// when its first one is written (with the series, which carries
+    /// them), `false` when the epoch is sealed. The index a restore finds
+    /// them by.
+    OpenUnit(Epoch, &'a SeriesKey, bool),
     /// A value stored as a record of its own by format 8, now in its unit
     /// or sealed: its record goes.
     OpenValueGone(&'a OpenKey),
@@ -528,14 +532,14 @@ impl Engine {
             self.dirty_series.clear();
             for (k, e) in self.series.iter_mut() {
                 if std::mem::take(&mut e.dirty) {
-                    sink(Change::Series(k, &e.state));
+                    sink(Change::Series(k, &e.state, OpenValues(&e.values)));
                 }
             }
         }
         for k in self.dirty_series.drain(..) {
             if let Some(e) = self.series.get_mut(&k) {
                 e.dirty = false;
-                sink(Change::Series(&k, &e.state));
+                sink(Change::Series(&k, &e.state, OpenValues(&e.values)));
             }
         }
         for seq in self.dirty_batches.drain(..) {

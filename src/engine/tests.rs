@@ -266,12 +266,28 @@ pub(super) struct Model {
     board: HashMap<BoardKey, BoardRow>,
     agreement: BTreeMap<String, agreement::RubricSums>,
     reviewers: BTreeMap<(String, String), agreement::ReviewerStats>,
-    pub(super) open: BTreeMap<reputation::OpenKey, reputation::OpenValue>,
+    /// Each series' open values, as its record holds them.
+    series_open: HashMap<SeriesKey, Vec<(reputation::Epoch, Id, reputation::OpenValue)>>,
+    /// The (epoch, series) index entries of open values.
+    units: std::collections::BTreeSet<(reputation::Epoch, SeriesKey)>,
     pub(super) terms: BTreeMap<reputation::TermsKey, reputation::Terms>,
     pub(super) pending: BTreeMap<u64, Pending>,
 }
 
 impl Model {
+    /// The open values a restore finds: those of each indexed unit, in
+    /// its series' record.
+    pub(super) fn open(&self) -> BTreeMap<reputation::OpenKey, reputation::OpenValue> {
+        let mut open = BTreeMap::new();
+        for (epoch, series) in &self.units {
+            let values = self.series_open[series].iter();
+            for (_, voter, v) in values.filter(|(k, ..)| k == epoch) {
+                open.insert((*epoch, series.clone(), voter.clone()), *v);
+            }
+        }
+        open
+    }
+
     /// The leaderboard computed from scratch from the stored series.
     fn board_from_series(&self) -> HashMap<BoardKey, BoardRow> {
         let mut rows: HashMap<BoardKey, BoardRow> = HashMap::new();
@@ -305,8 +321,10 @@ impl Model {
             e.provide_reviewer(&k, stored.copied());
         }
         e.drain_changes(|c| match c {
-            Change::Series(k, s) => {
+            Change::Series(k, s, open) => {
                 self.series.insert(k.clone(), s.clone());
+                let open = open.iter().map(|(e, v, x)| (e, v.clone(), x)).collect();
+                self.series_open.insert(k.clone(), open);
             }
             Change::Batch(k, Some(b)) => {
                 self.batches.insert(k.clone(), b.clone());
@@ -333,15 +351,12 @@ impl Model {
             Change::Reviewer((r, v), st) => {
                 self.reviewers.insert((r.to_string(), v.to_string()), *st);
             }
-            Change::OpenUnit(epoch, series, values) => {
-                let before = self.open.len();
-                self.open.retain(|(k, s, _), _| (*k, s) != (epoch, series));
-                if values.is_none() {
-                    assert!(self.open.len() < before, "{epoch} {series:?} not stored");
-                }
-                for (voter, v) in values.unwrap_or_default() {
-                    self.open
-                        .insert((epoch, series.clone(), (*voter).clone()), *v);
+            Change::OpenUnit(epoch, series, held) => {
+                let unit = (epoch, series.clone());
+                if held {
+                    assert!(self.units.insert(unit), "{epoch} {series:?} indexed twice");
+                } else {
+                    assert!(self.units.remove(&unit), "{epoch} {series:?} not stored");
                 }
             }
             Change::OpenValueGone(k) => panic!("no format-8 record was restored: {k:?}"),
@@ -373,7 +388,7 @@ impl Model {
             .collect();
         let mut e = Engine::restore(cfg, self.meta, series, self.batches.clone(), false);
         e.restore_reputation(
-            self.open.iter().map(|(k, v)| (k.clone(), *v, false)),
+            self.open().into_iter().map(|(k, v)| (k, v, false)),
             self.terms.iter().map(|(k, t)| (k.clone(), *t)),
             self.pending.iter().map(|(o, p)| (*o, p.clone())),
         );

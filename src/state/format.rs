@@ -29,7 +29,11 @@
 //! identity's value may carry its vote's series and voter (the store
 //! derives the `v` voter keys from it, as it derives the `t` index, instead
 //! of a record of their own), and a series' open values of an epoch are
-//! one record (`h`) instead of one per reviewer (`e`, still read).
+//! one record (`h`) instead of one per reviewer (`e`, still read); 10 a
+//! series' value ends with its open values of every epoch (the series is
+//! written anyway in each cycle one of them changes), and its `h` record
+//! of an epoch is an empty index entry (format 9's `h` values still read,
+//! when the series' value is older than 10).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
@@ -44,7 +48,7 @@ use crate::input::Id;
 use crate::time::Nanos;
 
 /// The format this build writes.
-pub const FORMAT: u8 = 9;
+pub const FORMAT: u8 = 10;
 
 /// The first format with the format byte; every value of 7 reads as 8.
 pub const FIRST_TAGGED: u8 = 7;
@@ -53,7 +57,7 @@ pub const FIRST_TAGGED: u8 = 7;
 pub const HEADER: &str = "jurystream-format";
 
 /// [`FORMAT`] as the header's value.
-pub const HEADER_VALUE: &[u8] = b"9";
+pub const HEADER_VALUE: &[u8] = b"10";
 
 /// A value this build cannot read.
 #[derive(Debug, Error)]
@@ -110,7 +114,7 @@ pub fn decode_value<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
 pub fn changelog_is_tagged(header: Option<&[u8]>) -> Result<bool, FormatError> {
     match header {
         None => Ok(false),
-        Some(b"7" | b"8" | b"9") => Ok(true),
+        Some(b"7" | b"8" | b"9" | b"10") => Ok(true),
         Some(other) => Err(FormatError::Header(
             String::from_utf8_lossy(other).into_owned(),
         )),
@@ -137,6 +141,18 @@ impl From<Evidence> for EvidenceL {
 impl From<EvidenceL> for Evidence {
     fn from(e: EvidenceL) -> Self {
         Evidence { v: e.v, q: e.q }
+    }
+}
+
+/// An iterator written as a postcard sequence, without collecting.
+struct Seq<I>(I);
+
+impl<I: ExactSizeIterator + Clone> Serialize for Seq<I>
+where
+    I::Item: Serialize,
+{
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.0.clone())
     }
 }
 
@@ -205,8 +221,14 @@ impl From<SeriesIn> for SeriesState {
     }
 }
 
-pub fn encode_series(s: &SeriesState) -> Vec<u8> {
-    encode(&SeriesOut {
+/// A series' value (format 10): its state, then its open values of every
+/// epoch (SPEC §14; none unless reputation is on), each (epoch, reviewer,
+/// vote time, value).
+pub fn encode_series<'a>(
+    s: &SeriesState,
+    open: impl ExactSizeIterator<Item = (Epoch, &'a Id, OpenValue)> + Clone,
+) -> Vec<u8> {
+    let state = SeriesOut {
         model_id: s.model_id.as_deref(),
         score: s.score,
         last_vote_at: s.last_vote_at,
@@ -219,11 +241,42 @@ pub fn encode_series(s: &SeriesState) -> Vec<u8> {
         companion_scores: &s.companion_scores,
         evidence: s.evidence.into(),
         companion_evidence: each(&s.companion_evidence, |&e| EvidenceL::from(e)),
-    })
+    };
+    let open = Seq(open.map(|(epoch, voter, v)| (epoch, &**voter, v.timestamp, v.value)));
+    encode(&(state, open))
 }
 
+/// A series' open values as format 10 stores them.
+type SeriesOpenL = Vec<(Epoch, Id, Nanos, Option<f64>)>;
+
 pub fn decode_series(v: &[u8]) -> Result<SeriesState, FormatError> {
-    decode::<SeriesIn>(v).map(Into::into)
+    let (format, bytes) = payload(v)?;
+    let layout = |source| FormatError::Layout { format, source };
+    if format < 10 {
+        return postcard::from_bytes::<SeriesIn>(bytes)
+            .map(Into::into)
+            .map_err(layout);
+    }
+    // The open values are the engine's from its restore on (see
+    // `decode_series_open`); read here only so that the value is whole.
+    let (state, _): (SeriesIn, SeriesOpenL) = postcard::from_bytes(bytes).map_err(layout)?;
+    Ok(state.into())
+}
+
+/// A series' open values of every epoch, as its value holds them (format
+/// 10 on; `None` for an older value, whose values are in its `h` records).
+pub fn decode_series_open(v: &[u8]) -> Result<Option<Vec<(Epoch, Id, OpenValue)>>, FormatError> {
+    let (format, bytes) = payload(v)?;
+    if format < 10 {
+        return Ok(None);
+    }
+    let (_, open): (SeriesIn, SeriesOpenL) =
+        postcard::from_bytes(bytes).map_err(|source| FormatError::Layout { format, source })?;
+    Ok(Some(
+        open.into_iter()
+            .map(|(epoch, voter, timestamp, value)| (epoch, voter, OpenValue { timestamp, value }))
+            .collect(),
+    ))
 }
 
 #[derive(Serialize)]
@@ -452,18 +505,25 @@ pub fn decode_open_value(v: &[u8]) -> Result<OpenValue, FormatError> {
 /// reviewer's vote time and value.
 type OpenUnitL = Vec<(Id, Nanos, Option<f64>)>;
 
-pub fn encode_open_unit(values: &[(&Id, OpenValue)]) -> Vec<u8> {
-    encode(&each(values, |(voter, v)| {
-        (&***voter, v.timestamp, v.value)
-    }))
+/// An `h` record's value (format 10): the format byte alone, an index
+/// entry saying the series' value holds open values of the epoch.
+pub fn encode_open_index() -> Vec<u8> {
+    vec![FORMAT]
 }
 
-pub fn decode_open_unit(v: &[u8]) -> Result<Vec<(Id, OpenValue)>, FormatError> {
+/// An `h` record: the unit's values (format 9), or `None` (format 10 on:
+/// they are in the series' value).
+pub fn decode_open_unit(v: &[u8]) -> Result<Option<Vec<(Id, OpenValue)>>, FormatError> {
+    let (format, _) = payload(v)?;
+    if format >= 10 {
+        return Ok(None);
+    }
     let unit: OpenUnitL = decode(v)?;
-    Ok(unit
-        .into_iter()
-        .map(|(voter, timestamp, value)| (voter, OpenValue { timestamp, value }))
-        .collect())
+    Ok(Some(
+        unit.into_iter()
+            .map(|(voter, timestamp, value)| (voter, OpenValue { timestamp, value }))
+            .collect(),
+    ))
 }
 
 /// A sealed delta (SPEC §14): n, q, h.

@@ -151,7 +151,10 @@ pub(super) fn put_all(wb: &mut WriteBatch, puts: &[Put<'_>]) {
 /// The records of one change, appended to `out`.
 pub(super) fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
     let record = match c {
-        Change::Series(k, s) => (series_key_bytes(k), Some(format::encode_series(s))),
+        Change::Series(k, s, open) => (
+            series_key_bytes(k),
+            Some(format::encode_series(s, open.iter())),
+        ),
         Change::Batch(k, b) => (batch_key(k), b.map(format::encode_batch)),
         Change::Dedupe(id, at, replaced, voter) => {
             let key = identity_key(id);
@@ -171,9 +174,9 @@ pub(super) fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
             reviewer_key(rubric, voter),
             Some(format::encode_reviewer(stats)),
         ),
-        Change::OpenUnit(epoch, series, values) => (
+        Change::OpenUnit(epoch, series, held) => (
             [&b"h"[..], &format::open_unit_key(epoch, series)].concat(),
-            values.map(format::encode_open_unit),
+            held.then(format::encode_open_index),
         ),
         Change::OpenValueGone(k) => ([&b"e"[..], &format::open_value_key(k)].concat(), None),
         Change::Terms(k, t) => (

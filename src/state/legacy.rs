@@ -34,7 +34,7 @@ pub fn upgrade(key: &[u8], value: &[u8]) -> Result<Vec<u8>, FormatError> {
     }
     let layout = |source| FormatError::Layout { format: 6, source };
     Ok(match key.first() {
-        Some(b's') => format::encode_series(&series(value).map_err(layout)?),
+        Some(b's') => format::encode_series(&series(value).map_err(layout)?, std::iter::empty()),
         Some(b'l') => format::encode_board_row(&board_row(value).map_err(layout)?),
         Some(b'd') => format::encode_identity(
             Nanos::from_le_bytes(value.try_into().map_err(|_| FormatError::Identity)?),

@@ -127,8 +127,8 @@ impl Store {
     }
 
     /// SPEC §14's open values (each with whether it is a record of its
-    /// own, format 8's `e`, or in its unit's `h`) and this partition's
-    /// sealed deltas.
+    /// own, format 8's `e`, or in its series' value or unit's `h`) and this
+    /// partition's sealed deltas.
     #[allow(clippy::type_complexity)]
     fn reputation(
         &self,
@@ -139,12 +139,44 @@ impl Store {
             let key = format::parse_open_value_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
             values.push((key, self.decoded(&k, &v, format::decode_open_value)?, true));
         }
+        // A unit is an index entry (format 10: the values are in its
+        // series' value) or holds the values (format 9: they are there
+        // until its series is written in format 10).
+        let mut units = Vec::new();
+        let mut series_at = rustc_hash::FxHashMap::default();
+        let mut keys = Vec::new();
         for item in self.prefix(b"h") {
             let (k, v) = item?;
             let (epoch, series) =
                 format::parse_open_unit_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            for (voter, value) in self.decoded(&k, &v, format::decode_open_unit)? {
-                values.push(((epoch, series.clone(), voter), value, false));
+            let unit = self.decoded(&k, &v, format::decode_open_unit)?;
+            let i = *series_at.entry(series.clone()).or_insert_with(|| {
+                keys.push(series_key_bytes(&series));
+                keys.len() - 1
+            });
+            units.push((k, epoch, series, i, unit));
+        }
+        let mut held = Vec::with_capacity(keys.len());
+        self.multi_get(&keys, |i, v| {
+            let v = v.ok_or_else(|| self.corrupt(&keys[i], "an open unit's series is missing"))?;
+            held.push(self.decoded(&keys[i], v, format::decode_series_open)?);
+            Ok(())
+        })?;
+        for (k, epoch, series, i, unit) in units {
+            match (&held[i], unit) {
+                (Some(all), _) => values.extend(all.iter().filter(|(e, ..)| *e == epoch).map(
+                    |(_, voter, value)| ((epoch, series.clone(), voter.clone()), *value, false),
+                )),
+                (None, Some(unit)) => values.extend(
+                    unit.into_iter()
+                        .map(|(voter, value)| ((epoch, series.clone(), voter), value, false)),
+                ),
+                (None, None) => {
+                    return Err(self.corrupt(
+                        &k,
+                        "an open unit's index entry (format 10) for a series of an older format",
+                    ))
+                }
             }
         }
         let mut deltas = Vec::new();

@@ -15,7 +15,9 @@
 //!
 //! Key layout (first byte is the record kind):
 //! - `m`                         → [`Meta`]
-//! - `s` len(inf) inf vp         → [`SeriesState`] (prefix-scannable by inference)
+//! - `s` len(inf) inf vp         → [`SeriesState`] (prefix-scannable by
+//!   inference), then (format 10) its SPEC §14 open values of every epoch:
+//!   (epoch, reviewer, vote time, value) each
 //! - `b` postcard([`BatchKey`])  → [`Batch`]
 //! - `d` identity (16 bytes BE)  → vote time (i128 LE), then (format 9,
 //!   `query_index`) postcard(inf, vp, voter) of the vote
@@ -29,8 +31,10 @@
 //! - `l` postcard(`BoardKey`)   → `BoardRow`: the partition's leaderboard (`board.rs`)
 //! - `e` postcard(epoch, inf, vp, voter) → SPEC §14 open value (vote time, value),
 //!   format 8; read, and deleted once its unit is written or sealed
-//! - `h` postcard(epoch, inf, vp) → SPEC §14 a series' open values of an
-//!   epoch: (reviewer, vote time, value) each (format 9)
+//! - `h` postcard(epoch, inf, vp) → SPEC §14: the series holds open values
+//!   of the epoch, the index a restore finds them by (format 10: the
+//!   format byte alone; format 9: the values, (reviewer, vote time, value)
+//!   each, read while the series' value is older than 10)
 //! - `u` postcard(vp, epoch, voter) → SPEC §14 sealed delta of this partition (n, q, h)
 //! - `x` close order (u64 BE)    → SPEC §14 closed batch waiting at the barrier
 //! - `p` name                    → shell positions (input offset, changelog offset)

@@ -2,6 +2,11 @@ use super::*;
 use crate::engine::score::Evidence;
 use crate::engine::{Change, Meta, Wants};
 
+/// A series' value without open values.
+fn series_value(s: &SeriesState) -> Vec<u8> {
+    format::encode_series(s, std::iter::empty())
+}
+
 #[test]
 fn series_keys_round_trip_and_prefix_by_inference() {
     let k = SeriesKey {
@@ -278,7 +283,7 @@ fn series_records_of_earlier_layouts_decode() {
     now.companion_scores = vec![0.1, 0.2].into();
     now.evidence = Evidence { v: 0.9, q: 0.2 };
     now.companion_evidence = vec![Evidence { v: 0.5, q: 0.1 }; 2].into();
-    let back = format::decode_series(&format::encode_series(&now)).unwrap();
+    let back = format::decode_series(&series_value(&now)).unwrap();
     assert_eq!(back, now);
 }
 
@@ -453,7 +458,7 @@ fn prefix_filters_find_every_inference_in_memtables_and_files() {
                 inference_id: id.as_str().into(),
                 voter_prompt_id: "r".into(),
             };
-            records.push((series_key_bytes(&k), Some(format::encode_series(&state))));
+            records.push((series_key_bytes(&k), Some(series_value(&state))));
             records.push(([voter_prefix(&k), b"v".to_vec()].concat(), Some(Vec::new())));
         }
         store.apply(&records, &[]).unwrap();
@@ -533,20 +538,21 @@ fn values_carry_their_format_and_unknown_ones_are_refused() {
     s.companion_scores = vec![0.25, 0.5].into();
     s.evidence = Evidence { v: 0.5, q: 0.25 };
     s.companion_evidence = vec![Evidence { v: 0.1, q: 0.2 }; 2].into();
-    let v = format::encode_series(&s);
+    let v = series_value(&s);
     assert_eq!(v[0], format::FORMAT);
     assert_eq!(format::decode_series(&v).unwrap(), s);
     let mut newer = v.clone();
     newer[0] = format::FORMAT + 1;
     assert!(matches!(
         format::decode_series(&newer),
-        Err(FormatError::Unknown(10))
+        Err(FormatError::Unknown(11))
     ));
-    // Format 7's and 8's values read as they are (their layouts are 9's).
-    for older in [7, 8] {
-        let mut old = v.clone();
-        old[0] = older;
+    // Format 7's, 8's and 9's values read as they are (10 added the open
+    // values at the end).
+    for older in [7, 8, 9] {
+        let old = [&[older][..], &v[1..v.len() - 1]].concat();
         assert_eq!(format::decode_series(&old).unwrap(), s);
+        assert!(format::decode_series_open(&old).unwrap().is_none());
     }
     assert!(matches!(
         format::decode_series(&[]),
@@ -554,7 +560,7 @@ fn values_carry_their_format_and_unknown_ones_are_refused() {
     ));
     assert!(matches!(
         format::decode_series(&v[..v.len() - 1]),
-        Err(FormatError::Layout { format: 9, .. })
+        Err(FormatError::Layout { format: 10, .. })
     ));
 
     let entry = crate::engine::Entry {
@@ -620,8 +626,10 @@ fn untagged_records_upgrade_to_what_this_build_writes() {
     let mut s = SeriesState::new(Some("model"), &cfg);
     s.update_seq = 1;
     s.evidence = Evidence { v: 0.5, q: 0.25 };
-    let tagged = format::encode_series(&s);
-    assert_eq!(legacy::upgrade(b"s", &tagged[1..]).unwrap(), tagged);
+    let tagged = series_value(&s);
+    // Format 6's layout: format 10's without the open values at the end.
+    let untagged = &tagged[1..tagged.len() - 1];
+    assert_eq!(legacy::upgrade(b"s", untagged).unwrap(), tagged);
     let at = format::encode_identity(42, None);
     assert_eq!(legacy::upgrade(b"d", &42i128.to_le_bytes()).unwrap(), at);
     let meta = format::encode_meta(&Meta::default());
@@ -632,16 +640,13 @@ fn untagged_records_upgrade_to_what_this_build_writes() {
         &*current_value(b"s", &tagged, Some(format::HEADER_VALUE)).unwrap(),
         &tagged[..]
     );
-    assert_eq!(
-        &*current_value(b"s", &tagged[1..], None).unwrap(),
-        &tagged[..]
-    );
+    assert_eq!(&*current_value(b"s", untagged, None).unwrap(), &tagged[..]);
     assert_eq!(
         &*current_value(b"s", &tagged, Some(b"7")).unwrap(),
         &tagged[..]
     );
     assert!(matches!(
-        current_value(b"s", &tagged, Some(b"10")),
+        current_value(b"s", &tagged, Some(b"11")),
         Err(FormatError::Header(_))
     ));
 }
@@ -656,7 +661,7 @@ fn an_identity_carries_its_voter_from_format_9() {
         voter_prompt_id: "rubric".into(),
     };
     let with = format::encode_identity(-42, Some((&series, "rev-7")));
-    assert_eq!(with[0], 9);
+    assert_eq!(with[0], format::FORMAT);
     assert_eq!(format::decode_identity(&with).unwrap(), -42);
     assert_eq!(
         format::decode_identity_voter(&with).unwrap(),
@@ -791,12 +796,34 @@ fn a_read_only_look_reads_a_directory_not_upgraded() {
     assert_eq!((series[0].1.score, series[0].1.update_seq), (0.75, 1));
 }
 
-/// SPEC §14's open values are one `h` record per series and epoch (format
-/// 9). A store of format 8 holds them as `e` records, one per reviewer:
-/// they are read, and deleted once their unit is written (a vote on the
-/// series in that epoch) or sealed.
+/// The reviewers whose open values of `epoch` the series record of
+/// `series` among `records` carries (format 10).
+fn open_voters(
+    records: &[Record],
+    series: &SeriesKey,
+    epoch: crate::engine::reputation::Epoch,
+) -> Vec<crate::input::Id> {
+    let key = series_key_bytes(series);
+    let (_, v) = records
+        .iter()
+        .find(|(k, _)| *k == key)
+        .expect("the series is written");
+    format::decode_series_open(v.as_deref().unwrap())
+        .unwrap()
+        .expect("format 10")
+        .into_iter()
+        .filter(|(e, ..)| *e == epoch)
+        .map(|(_, voter, _)| voter)
+        .collect()
+}
+
+/// SPEC §14's open values are in their series' record, with one `h`
+/// index entry per series and epoch (format 10). A store of format 8
+/// holds them as `e` records, one per reviewer: they are read, and deleted
+/// once their unit is written (a vote on the series in that epoch) or
+/// sealed.
 #[test]
-fn open_values_are_one_record_per_series_and_epoch_and_format_8_records_go() {
+fn open_values_are_in_their_series_record_and_format_8_records_go() {
     use crate::engine::reputation::{Mode, OpenValue};
     let mut cfg = crate::config::Config::load(None).unwrap().engine();
     cfg.reputation.mode = Mode::Learned;
@@ -809,6 +836,14 @@ fn open_values_are_one_record_per_series_and_epoch_and_format_8_records_go() {
     let series = |inf: &str| SeriesKey {
         inference_id: inf.into(),
         voter_prompt_id: "r".into(),
+    };
+    let open_want = |s: &SeriesKey| -> Vec<crate::input::Id> {
+        let want: &[&str] = if *s == series("i1") {
+            &["a", "b"]
+        } else {
+            &["c", "d", "e"]
+        };
+        want.iter().map(|&v| v.into()).collect()
     };
     // Format 8's records of two series' values in the epoch.
     let legacy = |inf: &str, voter: &str| {
@@ -842,21 +877,13 @@ fn open_values_are_one_record_per_series_and_epoch_and_format_8_records_go() {
     let mut records = Vec::new();
     store.encode_changes(&mut engine, &mut records).unwrap();
     let units: Vec<&Record> = records.iter().filter(|(k, _)| k[0] == b'h').collect();
-    assert_eq!(units.len(), 2, "one record per series: {units:?}");
+    assert_eq!(units.len(), 2, "one index entry per series: {units:?}");
     for (k, v) in &units {
         let (e, s) = format::parse_open_unit_key(&k[1..]).unwrap();
         assert_eq!(e, epoch);
-        let voters: Vec<crate::input::Id> = format::decode_open_unit(v.as_deref().unwrap())
-            .unwrap()
-            .into_iter()
-            .map(|(voter, _)| voter)
-            .collect();
-        let want: &[&str] = if s == series("i1") {
-            &["a", "b"]
-        } else {
-            &["c", "d", "e"]
-        };
-        assert_eq!(voters, want, "{s:?}");
+        let unit = format::decode_open_unit(v.as_deref().unwrap()).unwrap();
+        assert!(unit.is_none(), "an index entry: the values are the series'");
+        assert_eq!(open_voters(&records, &s, e), open_want(&s), "{s:?}");
     }
     // i2's format-8 records go with its unit's put; i3's stays.
     let gone: Vec<&Vec<u8>> = records
@@ -887,4 +914,63 @@ fn open_values_are_one_record_per_series_and_epoch_and_format_8_records_go() {
     assert_eq!(keys(&store, b"h"), 1, "only the new day's unit");
     let (engine, _) = store.load(cfg).unwrap();
     assert_eq!(engine.open_values(), 1);
+}
+
+/// Format 9 held a series' open values of an epoch in its `h` record: they
+/// are read while the series' record is older than format 10, and once a
+/// vote writes the series in format 10 its record holds them all (the old
+/// `h` record, now an index entry, is not rewritten).
+#[test]
+fn format_9_units_are_read_until_their_series_is_written() {
+    use crate::engine::reputation::Mode;
+    let mut cfg = crate::config::Config::load(None).unwrap().engine();
+    cfg.reputation.mode = Mode::Learned;
+    cfg.reputation.epoch_ns = cfg.window_ns;
+    let opts = crate::config::Config::load(None).unwrap().decode_options();
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let t0: Nanos = 1_704_067_200_000_000_000;
+    let epoch = cfg.reputation.epoch_of(t0 - t0.rem_euclid(cfg.window_ns));
+    let k = SeriesKey {
+        inference_id: "i1".into(),
+        voter_prompt_id: "r".into(),
+    };
+    let now = series_value(&SeriesState::new(None, &cfg));
+    let series_9 = [&[9][..], &now[1..now.len() - 1]].concat();
+    let unit: Vec<(&str, Nanos, Option<f64>)> = vec![("a", t0, Some(1.0)), ("b", t0, Some(0.0))];
+    let unit_9 = postcard::to_extend(&unit, vec![9]).unwrap();
+    let h_key = [&b"h"[..], &format::open_unit_key(epoch, &k)].concat();
+    store
+        .apply(
+            &[
+                (series_key_bytes(&k), Some(series_9)),
+                (h_key.clone(), Some(unit_9.clone())),
+            ],
+            &[],
+        )
+        .unwrap();
+    let (mut engine, _) = store.load(cfg.clone()).unwrap();
+    assert_eq!(engine.open_values(), 2);
+
+    let line = br#"{"inference_id":"i1","voter_id":"c","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:00:01Z"}"#;
+    let v = crate::input::decode_vote(line, &opts).unwrap();
+    let wants = engine.wants(&v);
+    store.provide(&mut engine, &[wants]).unwrap();
+    engine.process(&v, &mut Vec::new());
+    let mut records = Vec::new();
+    store.encode_changes(&mut engine, &mut records).unwrap();
+    assert!(
+        records.iter().all(|(k, _)| k[0] != b'h'),
+        "the unit is indexed"
+    );
+    let voters: Vec<crate::input::Id> = ["a", "b", "c"].map(Into::into).into();
+    assert_eq!(open_voters(&records, &k, epoch), voters);
+    store.apply(&records, &[]).unwrap();
+    assert_eq!(store.get(&h_key).unwrap().as_deref(), Some(&unit_9[..]));
+    let (engine, _) = store.load(cfg).unwrap();
+    assert_eq!(
+        engine.open_values(),
+        3,
+        "the series' record, not the old unit"
+    );
 }

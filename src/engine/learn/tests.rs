@@ -111,7 +111,7 @@ proptest! {
         m.persist(&mut e);
         prop_assert_eq!(got, want);
         prop_assert_eq!(terms(&m), terms(&want_m));
-        prop_assert_eq!(&m.open, &want_m.open);
+        prop_assert_eq!(m.open(), want_m.open());
     }
 
     /// Split by item into partitions, in time order (nothing late), the
