@@ -817,6 +817,24 @@ fn open_voters(
         .collect()
 }
 
+/// `learned` mode with one epoch per window, a state directory, 2024-01-01
+/// (the first vote time of the tests below) and its epoch.
+fn learned_setup() -> (
+    crate::engine::EngineConfig,
+    crate::input::DecodeOptions,
+    tempfile::TempDir,
+    Nanos,
+    crate::engine::reputation::Epoch,
+) {
+    let mut cfg = crate::config::Config::load(None).unwrap().engine();
+    cfg.reputation.mode = crate::engine::reputation::Mode::Learned;
+    cfg.reputation.epoch_ns = cfg.window_ns;
+    let opts = crate::config::Config::load(None).unwrap().decode_options();
+    let t0: Nanos = 1_704_067_200_000_000_000;
+    let epoch = cfg.reputation.epoch_of(t0 - t0.rem_euclid(cfg.window_ns));
+    (cfg, opts, tempfile::tempdir().unwrap(), t0, epoch)
+}
+
 /// SPEC §14's open values are in their series' record, with one `h`
 /// index entry per series and epoch (format 10). A store of format 8
 /// holds them as `e` records, one per reviewer: they are read, and deleted
@@ -824,15 +842,9 @@ fn open_voters(
 /// sealed.
 #[test]
 fn open_values_are_in_their_series_record_and_format_8_records_go() {
-    use crate::engine::reputation::{Mode, OpenValue};
-    let mut cfg = crate::config::Config::load(None).unwrap().engine();
-    cfg.reputation.mode = Mode::Learned;
-    cfg.reputation.epoch_ns = cfg.window_ns;
-    let opts = crate::config::Config::load(None).unwrap().decode_options();
-    let dir = tempfile::tempdir().unwrap();
+    use crate::engine::reputation::OpenValue;
+    let (cfg, opts, dir, t0, epoch) = learned_setup();
     let store = Store::open(dir.path()).unwrap();
-    let t0: Nanos = 1_704_067_200_000_000_000;
-    let epoch = cfg.reputation.epoch_of(t0 - t0.rem_euclid(cfg.window_ns));
     let series = |inf: &str| SeriesKey {
         inference_id: inf.into(),
         voter_prompt_id: "r".into(),
@@ -922,15 +934,8 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
 /// `h` record, now an index entry, is not rewritten).
 #[test]
 fn format_9_units_are_read_until_their_series_is_written() {
-    use crate::engine::reputation::Mode;
-    let mut cfg = crate::config::Config::load(None).unwrap().engine();
-    cfg.reputation.mode = Mode::Learned;
-    cfg.reputation.epoch_ns = cfg.window_ns;
-    let opts = crate::config::Config::load(None).unwrap().decode_options();
-    let dir = tempfile::tempdir().unwrap();
+    let (cfg, opts, dir, t0, epoch) = learned_setup();
     let store = Store::open(dir.path()).unwrap();
-    let t0: Nanos = 1_704_067_200_000_000_000;
-    let epoch = cfg.reputation.epoch_of(t0 - t0.rem_euclid(cfg.window_ns));
     let k = SeriesKey {
         inference_id: "i1".into(),
         voter_prompt_id: "r".into(),
