@@ -525,6 +525,12 @@ impl Engine {
     /// Hands every change since the last drain to `sink`, in an order that
     /// is safe to apply as one atomic write.
     pub fn drain_changes(&mut self, mut sink: impl FnMut(Change<'_>)) {
+        // A temporary store (no `query_index`) is never restored from: the
+        // open values stay in memory only (see `noted`).
+        let keep_values = self.cfg.query_index;
+        fn persisted(values: &learn::Values, keep: bool) -> OpenValues<'_> {
+            OpenValues(if keep { values } else { &[] })
+        }
         // A mostly dirty table (a replay's bulk write) costs less in one pass
         // than in a random lookup per dirty key; the order of the changes
         // does not matter (one per key, applied as one write).
@@ -532,14 +538,22 @@ impl Engine {
             self.dirty_series.clear();
             for (k, e) in self.series.iter_mut() {
                 if std::mem::take(&mut e.dirty) {
-                    sink(Change::Series(k, &e.state, OpenValues(&e.values)));
+                    sink(Change::Series(
+                        k,
+                        &e.state,
+                        persisted(&e.values, keep_values),
+                    ));
                 }
             }
         }
         for k in self.dirty_series.drain(..) {
             if let Some(e) = self.series.get_mut(&k) {
                 e.dirty = false;
-                sink(Change::Series(&k, &e.state, OpenValues(&e.values)));
+                sink(Change::Series(
+                    &k,
+                    &e.state,
+                    persisted(&e.values, keep_values),
+                ));
             }
         }
         for seq in self.dirty_batches.drain(..) {

@@ -258,8 +258,9 @@ pub fn decode_series(v: &[u8]) -> Result<SeriesState, FormatError> {
             .map_err(layout);
     }
     // The open values are the engine's from its restore on (see
-    // `decode_series_open`); read here only so that the value is whole.
-    let (state, _): (SeriesIn, SeriesOpenL) = postcard::from_bytes(bytes).map_err(layout)?;
+    // `decode_series_open`); read here, borrowed, so that the value is whole.
+    let (state, _): (SeriesIn, Vec<(Epoch, &str, Nanos, Option<f64>)>) =
+        postcard::from_bytes(bytes).map_err(layout)?;
     Ok(state.into())
 }
 
