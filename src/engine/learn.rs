@@ -9,17 +9,29 @@ use smallvec::SmallVec;
 use super::reputation::{self, Table};
 use super::*;
 
-/// An open value, and whether the store holds it or must be given it.
-/// The store holds a series' values in the series' record, and an index
-/// entry per epoch it has values of (a unit; format 9 held the values in
-/// it); a value a store of format 8 held as a record of its own
-/// (`legacy`) has that record deleted when its unit is written or sealed.
+/// An open value, whether it changed since the last drain, and what an
+/// older store held it in besides. The store holds a series' values in
+/// the series' record (format 10); a format-9 store held a series' values
+/// of an epoch in a record of their own (`in_unit`: it goes at the seal),
+/// a format-8 one each value in a record of its own (`legacy`: it goes
+/// when its unit is written or sealed).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct OpenSlot {
     value: OpenValue,
     dirty: bool,
-    stored: bool,
+    in_unit: bool,
     legacy: bool,
+}
+
+/// Where a restored open value was held besides its series' value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Held {
+    /// Nowhere (format 10).
+    Series,
+    /// In its unit's record (format 9's `h`).
+    Unit,
+    /// In a record of its own (format 8's `e`).
+    Value,
 }
 
 /// A cached series' open values: (epoch, reviewer, value).
@@ -67,7 +79,7 @@ pub(super) fn note(values: &mut Values, epoch: Epoch, voter: &Id, new: OpenValue
     let slot = OpenSlot {
         value: new,
         dirty: true,
-        stored: false,
+        in_unit: false,
         legacy: false,
     };
     if values.capacity() == 0 {
@@ -95,11 +107,9 @@ impl<'a> OpenValues<'a> {
     }
 }
 
-/// A series' values of `epoch`, when one of them changed: the series'
-/// record (written in the same drain: a value changes only with a vote,
-/// which marks its series dirty) holds them; the unit's index entry is
-/// written if the store has none yet, after the deletes of its values'
-/// format-8 records.
+/// A series' values of `epoch`, once written: the series' record holds
+/// them (written in the same drain: a value changes only with a vote,
+/// which marks its series dirty); a format-8 record of one of them goes.
 fn write_unit<'a>(
     epoch: Epoch,
     series: &SeriesKey,
@@ -110,21 +120,15 @@ fn write_unit<'a>(
     if !slots.iter().any(|(_, slot)| slot.dirty) {
         return;
     }
-    let indexed = slots.iter().any(|(_, slot)| slot.stored && !slot.legacy);
-    for (voter, slot) in slots.iter_mut().filter(|(_, slot)| slot.legacy) {
-        slot.legacy = false;
-        sink(Change::OpenValueGone(&(
-            epoch,
-            series.clone(),
-            (*voter).clone(),
-        )));
-    }
-    if !indexed {
-        sink(Change::OpenUnit(epoch, series, true));
-    }
-    for (_, slot) in slots {
+    for (voter, slot) in slots.iter_mut() {
         slot.dirty = false;
-        slot.stored = true;
+        if std::mem::take(&mut slot.legacy) {
+            sink(Change::OpenValueGone(&(
+                epoch,
+                series.clone(),
+                (*voter).clone(),
+            )));
+        }
     }
 }
 
@@ -392,7 +396,7 @@ impl Engine {
         sealer: &mut reputation::Sealer,
     ) {
         self.open_count -= unit.len();
-        if unit.iter().any(|(_, slot)| slot.stored && !slot.legacy) {
+        if unit.iter().any(|(_, slot)| slot.in_unit) {
             self.deleted_open.push((epoch, series.clone()));
         }
         for (voter, slot) in unit {
@@ -459,13 +463,13 @@ impl Engine {
         self.open_count
     }
 
-    /// Adds what a store holds: the open values (each with whether it is
-    /// a record of its own, format 8's layout, rather than in its unit's),
+    /// Adds what a store holds: the open values (each with where an older
+    /// store held it besides its series' record),
     /// the sealed deltas and the batches waiting at the barrier, whose
     /// series [`Engine::restore`] was given (nothing is marked dirty).
     pub fn restore_reputation(
         &mut self,
-        values: impl IntoIterator<Item = (OpenKey, OpenValue, bool)>,
+        values: impl IntoIterator<Item = (OpenKey, OpenValue, Held)>,
         deltas: impl IntoIterator<Item = (TermsKey, Terms)>,
         pending: impl IntoIterator<Item = (u64, Pending)>,
     ) {
@@ -501,12 +505,12 @@ impl Engine {
             };
             self.push_pending(order, slot);
         }
-        for ((epoch, series, voter), value, legacy) in values {
+        for ((epoch, series, voter), value, held) in values {
             let slot = OpenSlot {
                 value,
                 dirty: false,
-                stored: true,
-                legacy,
+                in_unit: held == Held::Unit,
+                legacy: held == Held::Value,
             };
             self.open_count += 1;
             self.open_epochs.insert(epoch);
@@ -533,7 +537,7 @@ impl Engine {
     /// to persist.
     pub(super) fn drain_reputation(&mut self, sink: &mut impl FnMut(Change<'_>)) {
         for (epoch, series) in self.deleted_open.drain(..) {
-            sink(Change::OpenUnit(epoch, &series, false));
+            sink(Change::OpenUnitGone(epoch, &series));
         }
         for key in self.deleted_legacy_open.drain(..) {
             sink(Change::OpenValueGone(&key));

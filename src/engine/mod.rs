@@ -37,7 +37,7 @@ use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
 use agreement::{ReviewerKey, ReviewerStats, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
 use cache::{IdKey, IdentityEntry, SeriesEntry};
-pub use learn::OpenValues;
+pub use learn::{Held, OpenValues};
 use learn::{PendingSlot, Shared};
 use reputation::{Epoch, OpenKey, OpenValue, Tables, Terms, TermsKey};
 
@@ -61,11 +61,9 @@ pub enum Change<'a> {
     /// A reviewer's agreement numbers for a rubric, whole (`query_index`
     /// only).
     Reviewer(&'a ReviewerKey, &'a ReviewerStats),
-    /// Whether a series holds open values of an epoch (SPEC §14): `true`
-    /// when its first one is written (with the series, which carries
-    /// them), `false` when the epoch is sealed. The index a restore finds
-    /// them by.
-    OpenUnit(Epoch, &'a SeriesKey, bool),
+    /// A series' open values of an epoch that a format-9 store held in a
+    /// record of their own (SPEC §14), now sealed: the record goes.
+    OpenUnitGone(Epoch, &'a SeriesKey),
     /// A value stored as a record of its own by format 8, now in its unit
     /// or sealed: its record goes.
     OpenValueGone(&'a OpenKey),

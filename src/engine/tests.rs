@@ -268,21 +268,24 @@ pub(super) struct Model {
     reviewers: BTreeMap<(String, String), agreement::ReviewerStats>,
     /// Each series' open values, as its record holds them.
     series_open: HashMap<SeriesKey, Vec<(reputation::Epoch, Id, reputation::OpenValue)>>,
-    /// The (epoch, series) index entries of open values.
-    units: std::collections::BTreeSet<(reputation::Epoch, SeriesKey)>,
     pub(super) terms: BTreeMap<reputation::TermsKey, reputation::Terms>,
     pub(super) pending: BTreeMap<u64, Pending>,
 }
 
 impl Model {
-    /// The open values a restore finds: those of each indexed unit, in
-    /// its series' record.
-    pub(super) fn open(&self) -> BTreeMap<reputation::OpenKey, reputation::OpenValue> {
+    /// The open values a restore finds: those its series' records hold of
+    /// the epochs the watermark has not sealed.
+    pub(super) fn open(
+        &self,
+        p: &reputation::ReputationParams,
+    ) -> BTreeMap<reputation::OpenKey, reputation::OpenValue> {
+        let sealed = self.meta.watermark.map(|wm| p.sealed_by(wm));
         let mut open = BTreeMap::new();
-        for (epoch, series) in &self.units {
-            let values = self.series_open[series].iter();
-            for (_, voter, v) in values.filter(|(k, ..)| k == epoch) {
-                open.insert((*epoch, series.clone(), voter.clone()), *v);
+        for (series, values) in &self.series_open {
+            for (epoch, voter, v) in values {
+                if sealed.is_none_or(|s| *epoch > s) {
+                    open.insert((*epoch, series.clone(), voter.clone()), *v);
+                }
             }
         }
         open
@@ -351,13 +354,8 @@ impl Model {
             Change::Reviewer((r, v), st) => {
                 self.reviewers.insert((r.to_string(), v.to_string()), *st);
             }
-            Change::OpenUnit(epoch, series, held) => {
-                let unit = (epoch, series.clone());
-                if held {
-                    assert!(self.units.insert(unit), "{epoch} {series:?} indexed twice");
-                } else {
-                    assert!(self.units.remove(&unit), "{epoch} {series:?} not stored");
-                }
+            Change::OpenUnitGone(epoch, series) => {
+                panic!("no format-9 unit was restored: {epoch} {series:?}")
             }
             Change::OpenValueGone(k) => panic!("no format-8 record was restored: {k:?}"),
             Change::Terms(k, t) => {
@@ -386,9 +384,10 @@ impl Model {
             .chain(self.pending.values().map(|p| &p.key))
             .map(|k| (k.series.clone(), self.series[&k.series].clone()))
             .collect();
+        let open = self.open(&cfg.reputation);
         let mut e = Engine::restore(cfg, self.meta, series, self.batches.clone(), false);
         e.restore_reputation(
-            self.open().into_iter().map(|(k, v)| (k, v, false)),
+            open.into_iter().map(|(k, v)| (k, v, Held::Series)),
             self.terms.iter().map(|(k, t)| (k.clone(), *t)),
             self.pending.iter().map(|(o, p)| (*o, p.clone())),
         );

@@ -17,6 +17,8 @@ pub struct BulkWrite {
     /// Sweep identities before this vote time first.
     horizon: Option<Nanos>,
     chunks: Vec<Chunk>,
+    /// The newest epoch sealed (see [`super::Derived`]).
+    sealed: Option<crate::engine::reputation::Epoch>,
 }
 
 /// One write batch of a bulk write, its records in a flat buffer (the
@@ -95,9 +97,10 @@ impl Store {
         let mut bulk = BulkWrite {
             horizon: engine.identity_horizon().filter(|_| sweep),
             chunks: Vec::new(),
+            sealed: None,
         };
         let mut records = Vec::with_capacity(2);
-        let mut index = Vec::with_capacity(2);
+        let mut index = super::Derived::default();
         let mut err = None;
         self.provide_reviewers(engine)?;
         engine.drain_changes(|c| {
@@ -106,14 +109,15 @@ impl Store {
             for (key, value) in &records {
                 bulk.push(key, value.as_deref());
                 if let Some(v) = value {
-                    index.clear();
+                    index.puts.clear();
                     match self.index_entries(key, v, &mut index) {
-                        Ok(()) => index.iter().for_each(|t| bulk.push(t, Some(&[]))),
+                        Ok(()) => index.puts.iter().for_each(|t| bulk.push(t, Some(&[]))),
                         Err(e) => err = Some(e),
                     }
                 }
             }
         });
+        bulk.sealed = index.sealed;
         match err {
             Some(e) => Err(e),
             None => Ok(bulk),
@@ -161,11 +165,14 @@ impl Store {
             let mut wb = WriteBatch::with_capacity_bytes(wb_bytes);
             put_all(&mut wb, &puts);
             if chunks.peek().is_none() {
+                self.clear_sealed(&mut wb, bulk.sealed);
                 return self.write_lowering(wb, earliest, opts);
             }
             self.db.write_opt(wb, opts).map_err(|e| self.rocks(e))?;
         }
-        self.write_lowering(WriteBatch::default(), earliest, opts)
+        let mut wb = WriteBatch::default();
+        self.clear_sealed(&mut wb, bulk.sealed);
+        self.write_lowering(wb, earliest, opts)
     }
 
     /// Ends a bulk write with the engine's remaining changes (and the

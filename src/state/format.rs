@@ -31,9 +31,10 @@
 //! of a record of their own), and a series' open values of an epoch are
 //! one record (`h`) instead of one per reviewer (`e`, still read); 10 a
 //! series' value ends with its open values of every epoch (the series is
-//! written anyway in each cycle one of them changes), and its `h` record
-//! of an epoch is an empty index entry (format 9's `h` values still read,
-//! when the series' value is older than 10).
+//! written anyway in each cycle one of them changes), and the store
+//! derives a local index of them (`j`, never sent) instead of `h` records
+//! (format 9's still read while their series' value is older than 10, and
+//! deleted at their epoch's seal).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
@@ -249,6 +250,9 @@ pub fn encode_series<'a>(
 /// A series' open values as format 10 stores them.
 type SeriesOpenL = Vec<(Epoch, Id, Nanos, Option<f64>)>;
 
+/// [`SeriesOpenL`], borrowed.
+type OpenRef<'a> = Vec<(Epoch, &'a str, Nanos, Option<f64>)>;
+
 pub fn decode_series(v: &[u8]) -> Result<SeriesState, FormatError> {
     let (format, bytes) = payload(v)?;
     let layout = |source| FormatError::Layout { format, source };
@@ -259,9 +263,45 @@ pub fn decode_series(v: &[u8]) -> Result<SeriesState, FormatError> {
     }
     // The open values are the engine's from its restore on (see
     // `decode_series_open`); read here, borrowed, so that the value is whole.
-    let (state, _): (SeriesIn, Vec<(Epoch, &str, Nanos, Option<f64>)>) =
-        postcard::from_bytes(bytes).map_err(layout)?;
+    let (state, _): (SeriesIn, OpenRef<'_>) = postcard::from_bytes(bytes).map_err(layout)?;
     Ok(state.into())
+}
+
+/// The epochs a series' value holds open values of (format 10 on; none
+/// for an older value), read without allocating: what a store derives its
+/// local `j` index entries from.
+pub fn series_open_epochs(v: &[u8]) -> Result<smallvec::SmallVec<[Epoch; 2]>, FormatError> {
+    let (format, bytes) = payload(v)?;
+    let mut epochs = smallvec::SmallVec::new();
+    if format < 10 {
+        return Ok(epochs);
+    }
+    let (_, open): (SeriesRef<'_>, OpenRef<'_>) =
+        postcard::from_bytes(bytes).map_err(|source| FormatError::Layout { format, source })?;
+    for (epoch, ..) in open {
+        if !epochs.contains(&epoch) {
+            epochs.push(epoch);
+        }
+    }
+    Ok(epochs)
+}
+
+/// The series layout, borrowed: read past without allocating.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct SeriesRef<'a> {
+    model_id: Option<&'a str>,
+    score: f64,
+    last_vote_at: Option<Nanos>,
+    update_seq: u64,
+    abstentions: u64,
+    votes: u64,
+    ambiguous: bool,
+    pending: u64,
+    last_mean_vote: Option<f64>,
+    companion_scores: Vec<f64>,
+    evidence: EvidenceL,
+    companion_evidence: Vec<EvidenceL>,
 }
 
 /// A series' open values of every epoch, as its value holds them (format
@@ -506,14 +546,8 @@ pub fn decode_open_value(v: &[u8]) -> Result<OpenValue, FormatError> {
 /// reviewer's vote time and value.
 type OpenUnitL = Vec<(Id, Nanos, Option<f64>)>;
 
-/// An `h` record's value (format 10): the format byte alone, an index
-/// entry saying the series' value holds open values of the epoch.
-pub fn encode_open_index() -> Vec<u8> {
-    vec![FORMAT]
-}
-
-/// An `h` record: the unit's values (format 9), or `None` (format 10 on:
-/// they are in the series' value).
+/// An `h` record (format 9): the unit's values (`None` for a value of a
+/// later format, which holds none).
 pub fn decode_open_unit(v: &[u8]) -> Result<Option<Vec<(Id, OpenValue)>>, FormatError> {
     let (format, _) = payload(v)?;
     if format >= 10 {

@@ -5,6 +5,7 @@ use rocksdb::WriteBatch;
 
 use super::format;
 use super::Record;
+use crate::engine::reputation::Epoch;
 use crate::engine::{Change, SeriesKey};
 use crate::time::Nanos;
 
@@ -174,9 +175,9 @@ pub(super) fn encode_change(c: Change<'_>, out: &mut Vec<Record>) {
             reviewer_key(rubric, voter),
             Some(format::encode_reviewer(stats)),
         ),
-        Change::OpenUnit(epoch, series, held) => (
+        Change::OpenUnitGone(epoch, series) => (
             [&b"h"[..], &format::open_unit_key(epoch, series)].concat(),
-            held.then(format::encode_open_index),
+            None,
         ),
         Change::OpenValueGone(k) => ([&b"e"[..], &format::open_value_key(k)].concat(), None),
         Change::Terms(k, t) => (
@@ -202,6 +203,31 @@ pub(super) fn reviewer_key(rubric: &str, voter_id: &str) -> Vec<u8> {
     let mut key = reviewer_prefix(rubric);
     key.extend_from_slice(voter_id.as_bytes());
     key
+}
+
+/// `j` key: a series (by its `s` key) holds open values of `epoch`
+/// (SPEC §14). Local, like `t`: derived from the series' value by whoever
+/// applies it. The epoch comes first, order-preserving (sign bit flipped,
+/// big-endian), so that a seal deletes an epoch's entries as one range.
+pub(super) fn open_index_key(epoch: Epoch, series_key: &[u8]) -> Vec<u8> {
+    let mut key = open_index_from(epoch);
+    key.extend_from_slice(&series_key[1..]);
+    key
+}
+
+/// The first `j` key of `epoch`: every entry of an older epoch is before it.
+pub(super) fn open_index_from(epoch: Epoch) -> Vec<u8> {
+    let mut key = Vec::with_capacity(17);
+    key.push(b'j');
+    key.extend_from_slice(&((epoch as u128) ^ (1 << 127)).to_be_bytes());
+    key
+}
+
+/// A `j` key's epoch and series.
+pub(super) fn parse_open_index_key(key: &[u8]) -> Option<(Epoch, SeriesKey)> {
+    let epoch = u128::from_be_bytes(key.get(1..17)?.try_into().ok()?) ^ (1 << 127);
+    let series = parse_series_key(&[&b"s"[..], key.get(17..)?].concat())?;
+    Some((epoch as Epoch, series))
 }
 
 /// `x` key of a batch waiting at the barrier: its place in the close order.

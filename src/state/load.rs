@@ -2,7 +2,8 @@
 //! ([`Store::load`]), and the series and identities the engine asks for
 //! ([`Store::read`], [`Store::provide`]).
 
-use crate::engine::reputation::{OpenKey, OpenValue, Terms, TermsKey};
+use crate::engine::reputation::{Epoch, OpenKey, OpenValue, Terms, TermsKey};
+use crate::engine::Held;
 use crate::engine::{Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants};
 use crate::time::Nanos;
 
@@ -114,7 +115,7 @@ impl Store {
         } else {
             Default::default()
         };
-        let (values, deltas) = self.reputation()?;
+        let (values, deltas) = self.reputation(&cfg, &meta)?;
         let mut engine = Engine::restore(cfg, meta, series, batches, empty);
         engine.restore_reputation(values, deltas, waiting);
         engine.restore_board(board);
@@ -126,35 +127,68 @@ impl Store {
         Ok((engine, stats))
     }
 
-    /// SPEC §14's open values (each with whether it is a record of its
-    /// own, format 8's `e`, or in its series' value or unit's `h`) and this
-    /// partition's sealed deltas.
+    /// SPEC §14's open values (each with where the store holds it besides
+    /// its series' value) and this partition's sealed deltas. Tells the
+    /// store the epochs (`shadow`, `learned`), and deletes the `j` entries
+    /// of the epochs `meta`'s watermark sealed: a changelog restore derives
+    /// entries from every series value it applies, sealed values included.
     #[allow(clippy::type_complexity)]
     fn reputation(
         &self,
-    ) -> Result<(Vec<(OpenKey, OpenValue, bool)>, Vec<(TermsKey, Terms)>), StoreError> {
+        cfg: &EngineConfig,
+        meta: &Meta,
+    ) -> Result<(Vec<(OpenKey, OpenValue, Held)>, Vec<(TermsKey, Terms)>), StoreError> {
+        let p = &cfg.reputation;
+        let sealed = meta
+            .watermark
+            .filter(|_| p.collects())
+            .map(|wm| p.sealed_by(wm));
+        if p.collects() {
+            let through = sealed.unwrap_or(Epoch::MIN);
+            *self.epochs.lock().unwrap_or_else(|e| e.into_inner()) = Some((p.clone(), through));
+            if let Some(sealed) = sealed {
+                let mut wb = rocksdb::WriteBatch::default();
+                wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
+                self.db.write(wb).map_err(|e| self.rocks(e))?;
+            }
+        }
         let mut values = Vec::new();
         for item in self.prefix(b"e") {
             let (k, v) = item?;
             let key = format::parse_open_value_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            values.push((key, self.decoded(&k, &v, format::decode_open_value)?, true));
+            values.push((
+                key,
+                self.decoded(&k, &v, format::decode_open_value)?,
+                Held::Value,
+            ));
         }
-        // A unit is an index entry (format 10: the values are in its
-        // series' value) or holds the values (format 9: they are there
-        // until its series is written in format 10).
-        let mut units = Vec::new();
-        let mut series_at = rustc_hash::FxHashMap::default();
-        let mut keys = Vec::new();
+        // The units: a format-9 `h` record holds its values (until its
+        // series' value is of format 10), a `j` entry says the series'
+        // value (format 10) holds some of the epoch's.
+        let mut units: std::collections::BTreeMap<(Epoch, SeriesKey), Option<_>> =
+            Default::default();
         for item in self.prefix(b"h") {
             let (k, v) = item?;
             let (epoch, series) =
                 format::parse_open_unit_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            let unit = self.decoded(&k, &v, format::decode_open_unit)?;
-            let i = *series_at.entry(series.clone()).or_insert_with(|| {
-                keys.push(series_key_bytes(&series));
+            units.insert(
+                (epoch, series),
+                self.decoded(&k, &v, format::decode_open_unit)?,
+            );
+        }
+        for item in self.prefix(b"j") {
+            let (k, _) = item?;
+            let unit = parse_open_index_key(&k)
+                .ok_or_else(|| self.corrupt(&k, "an open index key is not epoch and series"))?;
+            units.entry(unit).or_insert(None);
+        }
+        let mut series_at = rustc_hash::FxHashMap::default();
+        let mut keys = Vec::new();
+        for (_, series) in units.keys() {
+            series_at.entry(series.clone()).or_insert_with(|| {
+                keys.push(series_key_bytes(series));
                 keys.len() - 1
             });
-            units.push((k, epoch, series, i, unit));
         }
         let mut held = Vec::with_capacity(keys.len());
         self.multi_get(&keys, |i, v| {
@@ -162,19 +196,25 @@ impl Store {
             held.push(self.decoded(&keys[i], v, format::decode_series_open)?);
             Ok(())
         })?;
-        for (k, epoch, series, i, unit) in units {
-            match (&held[i], unit) {
+        for ((epoch, series), unit) in units {
+            // A format-9 unit's record goes at its seal (`Held::Unit`).
+            let kind = if unit.is_some() {
+                Held::Unit
+            } else {
+                Held::Series
+            };
+            match (&held[series_at[&series]], unit) {
                 (Some(all), _) => values.extend(all.iter().filter(|(e, ..)| *e == epoch).map(
-                    |(_, voter, value)| ((epoch, series.clone(), voter.clone()), *value, false),
+                    |(_, voter, value)| ((epoch, series.clone(), voter.clone()), *value, kind),
                 )),
                 (None, Some(unit)) => values.extend(
                     unit.into_iter()
-                        .map(|(voter, value)| ((epoch, series.clone(), voter), value, false)),
+                        .map(|(voter, value)| ((epoch, series.clone(), voter), value, kind)),
                 ),
                 (None, None) => {
                     return Err(self.corrupt(
-                        &k,
-                        "an open unit's index entry (format 10) for a series of an older format",
+                        &series_key_bytes(&series),
+                        "a series with open values (a `j` entry) is of a format before 10",
                     ))
                 }
             }

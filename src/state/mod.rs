@@ -51,6 +51,7 @@ use rocksdb::{
 use thiserror::Error;
 
 use crate::engine::agreement::{ReviewerStats, RubricSums};
+use crate::engine::reputation::Epoch;
 use crate::engine::{Batch, BatchKey, Engine, SeriesKey, SeriesState};
 use crate::time::Nanos;
 
@@ -219,6 +220,18 @@ pub struct Store {
     /// A read-only look into a directory of a format before 7, which it
     /// cannot upgrade: values are read through `legacy`.
     legacy: bool,
+    /// SPEC §14's epochs, once a load in `shadow` or `learned` told them,
+    /// and the epoch through which the local `j` index is cleared.
+    epochs: std::sync::Mutex<Option<(crate::engine::reputation::ReputationParams, Epoch)>>,
+}
+
+/// The local entries a write derives from its records (see
+/// [`Store::index_entries`]): keys to put with empty values, and the
+/// newest epoch sealed, whose `j` entries and older ones go.
+#[derive(Default)]
+pub(super) struct Derived {
+    pub(super) puts: Vec<Vec<u8>>,
+    pub(super) sealed: Option<Epoch>,
 }
 
 impl Store {
@@ -247,6 +260,7 @@ impl Store {
             time_index: !temporary,
             unlogged: false.into(),
             legacy: false,
+            epochs: Default::default(),
         };
         store.upgrade()?;
         if let Some(v) = store.get(SWEEP_KEY)? {
@@ -271,6 +285,7 @@ impl Store {
             time_index: true,
             unlogged: false.into(),
             legacy: false,
+            epochs: Default::default(),
         };
         store.legacy = store.position(FORMAT_POS)?.unwrap_or(0) < TAGGED_VERSION;
         Ok(store)
@@ -500,50 +515,85 @@ impl Store {
     }
 
     /// Writes `records` and the `positions` in one atomic batch (with the
-    /// local index entries of every identity put: see
-    /// [`Store::index_entries`]).
+    /// local entries they imply: see [`Store::index_entries`]).
     pub fn apply(&self, records: &[Record], positions: &[(&str, i64)]) -> Result<(), StoreError> {
-        let mut index = Vec::new();
+        let mut derived = Derived::default();
         for (k, v) in records {
             if let Some(v) = v {
-                self.index_entries(k, v, &mut index)?;
+                self.index_entries(k, v, &mut derived)?;
             }
         }
         let mut all: Vec<Put<'_>> = records
             .iter()
             .map(|(k, v)| (&k[..], v.as_deref()))
-            .chain(index.iter().map(|t| (&t[..], Some(&[][..]))))
+            .chain(derived.puts.iter().map(|t| (&t[..], Some(&[][..]))))
             .collect();
         let earliest = sort_puts(&mut all);
         let mut wb = WriteBatch::default();
         put_all(&mut wb, &all);
+        self.clear_sealed(&mut wb, derived.sealed);
         for (name, value) in positions {
             wb.put(position_key(name), value.to_le_bytes());
         }
         self.write_lowering(wb, earliest, &WriteOptions::default())
     }
 
-    /// The local keys (empty values) that go with a put of `key`, if it is
-    /// an identity, appended to `out`: its `t` index entry (if this store
-    /// keeps the index) and, when the value carries its vote's series and
-    /// voter (format 9), that voter's `v` key. Neither is ever sent to the
-    /// changelog: whoever applies the identity derives them.
-    fn index_entries(
+    /// The local entries that go with a put of `key` (never sent to the
+    /// changelog: whoever applies the record derives them), into `out`.
+    /// For an identity, its `t` index entry (if this store keeps the
+    /// index) and, when the value carries its vote's series and voter
+    /// (format 9), that voter's `v` key. For a series whose value holds
+    /// open values (format 10), a `j` entry per epoch of them. For the
+    /// partition's meta, once the store knows SPEC §14's epochs, the
+    /// newest epoch its watermark sealed.
+    pub(super) fn index_entries(
         &self,
         key: &[u8],
         value: &[u8],
-        out: &mut Vec<Vec<u8>>,
+        out: &mut Derived,
     ) -> Result<(), StoreError> {
-        if key.first() != Some(&b'd') {
-            return Ok(());
-        }
-        if self.time_index {
-            out.push(time_index_key(self.identity_time(key, value)?, &key[1..]));
-        }
-        if let Some((series, voter)) = self.decoded(key, value, format::decode_identity_voter)? {
-            out.push(voter_key(&series, &voter));
+        match key.first() {
+            Some(b'd') => {
+                if self.time_index {
+                    out.puts
+                        .push(time_index_key(self.identity_time(key, value)?, &key[1..]));
+                }
+                if let Some((series, voter)) =
+                    self.decoded(key, value, format::decode_identity_voter)?
+                {
+                    out.puts.push(voter_key(&series, &voter));
+                }
+            }
+            Some(b's') => {
+                for epoch in self.decoded(key, value, format::series_open_epochs)? {
+                    out.puts.push(open_index_key(epoch, key));
+                }
+            }
+            _ if key == META_KEY => {
+                let epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some((params, _)) = &*epochs {
+                    let meta = self.decoded(key, value, format::decode_meta)?;
+                    out.sealed = meta.watermark.map(|wm| params.sealed_by(wm));
+                }
+            }
+            _ => {}
         }
         Ok(())
+    }
+
+    /// Deletes, in `wb`, the `j` entries of every epoch up to `sealed`
+    /// (one range), if not done yet: their values are sealed.
+    pub(super) fn clear_sealed(&self, wb: &mut WriteBatch, sealed: Option<Epoch>) {
+        let Some(sealed) = sealed else {
+            return;
+        };
+        let mut epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, cleared)) = &mut *epochs {
+            if sealed > *cleared {
+                wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
+                *cleared = sealed;
+            }
+        }
     }
 
     /// Writes `wb`; an index entry in it before the sweep's start (`earliest`,

@@ -835,11 +835,11 @@ fn learned_setup() -> (
     (cfg, opts, tempfile::tempdir().unwrap(), t0, epoch)
 }
 
-/// SPEC §14's open values are in their series' record, with one `h`
-/// index entry per series and epoch (format 10). A store of format 8
-/// holds them as `e` records, one per reviewer: they are read, and deleted
-/// once their unit is written (a vote on the series in that epoch) or
-/// sealed.
+/// SPEC §14's open values are in their series' record (format 10), and
+/// the store indexes them locally (`j`, one entry per series and epoch,
+/// an epoch's deleted as one range at its seal). A store of format 8 holds
+/// them as `e` records, one per reviewer: they are read, and deleted once
+/// their unit is written (a vote on the series in that epoch) or sealed.
 #[test]
 fn open_values_are_in_their_series_record_and_format_8_records_go() {
     use crate::engine::reputation::OpenValue;
@@ -888,14 +888,12 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     }
     let mut records = Vec::new();
     store.encode_changes(&mut engine, &mut records).unwrap();
-    let units: Vec<&Record> = records.iter().filter(|(k, _)| k[0] == b'h').collect();
-    assert_eq!(units.len(), 2, "one index entry per series: {units:?}");
-    for (k, v) in &units {
-        let (e, s) = format::parse_open_unit_key(&k[1..]).unwrap();
-        assert_eq!(e, epoch);
-        let unit = format::decode_open_unit(v.as_deref().unwrap()).unwrap();
-        assert!(unit.is_none(), "an index entry: the values are the series'");
-        assert_eq!(open_voters(&records, &s, e), open_want(&s), "{s:?}");
+    assert!(
+        records.iter().all(|(k, _)| k[0] != b'h' && k[0] != b'j'),
+        "no record of their own: {records:?}"
+    );
+    for s in [series("i1"), series("i2")] {
+        assert_eq!(open_voters(&records, &s, epoch), open_want(&s), "{s:?}");
     }
     // i2's format-8 records go with its unit's put; i3's stays.
     let gone: Vec<&Vec<u8>> = records
@@ -907,10 +905,16 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     assert!(records.iter().all(|(k, v)| k[0] != b'e' || v.is_none()));
     store.apply(&records, &[]).unwrap();
     assert_eq!(keys(&store, b"e"), 1);
+    assert_eq!(
+        keys(&store, b"j"),
+        2,
+        "the store indexes the two series' epoch"
+    );
     let (mut engine, _) = store.load(cfg.clone()).unwrap();
     assert_eq!(engine.open_values(), 6);
 
-    // A vote a day later seals the epoch: both units and i3's record go.
+    // A vote a day later seals the epoch: its index entries (one range)
+    // and i3's record go.
     let v = crate::input::decode_vote(
         br#"{"inference_id":"i9","voter_id":"z","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-02T00:00:00Z"}"#,
         &opts,
@@ -923,7 +927,7 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     store.encode_changes(&mut engine, &mut records).unwrap();
     store.apply(&records, &[]).unwrap();
     assert_eq!(keys(&store, b"e"), 0);
-    assert_eq!(keys(&store, b"h"), 1, "only the new day's unit");
+    assert_eq!(keys(&store, b"j"), 1, "only the new day's entry");
     let (engine, _) = store.load(cfg).unwrap();
     assert_eq!(engine.open_values(), 1);
 }
@@ -931,7 +935,7 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
 /// Format 9 held a series' open values of an epoch in its `h` record: they
 /// are read while the series' record is older than format 10, and once a
 /// vote writes the series in format 10 its record holds them all (the old
-/// `h` record, now an index entry, is not rewritten).
+/// `h` record is not rewritten; it goes at the seal).
 #[test]
 fn format_9_units_are_read_until_their_series_is_written() {
     let (cfg, opts, dir, t0, epoch) = learned_setup();
@@ -966,16 +970,30 @@ fn format_9_units_are_read_until_their_series_is_written() {
     store.encode_changes(&mut engine, &mut records).unwrap();
     assert!(
         records.iter().all(|(k, _)| k[0] != b'h'),
-        "the unit is indexed"
+        "the old unit stays"
     );
     let voters: Vec<crate::input::Id> = ["a", "b", "c"].map(Into::into).into();
     assert_eq!(open_voters(&records, &k, epoch), voters);
     store.apply(&records, &[]).unwrap();
     assert_eq!(store.get(&h_key).unwrap().as_deref(), Some(&unit_9[..]));
-    let (engine, _) = store.load(cfg).unwrap();
+    let (mut engine, _) = store.load(cfg.clone()).unwrap();
     assert_eq!(
         engine.open_values(),
         3,
         "the series' record, not the old unit"
     );
+
+    // A vote a day later seals the epoch: the old unit goes.
+    let line = br#"{"inference_id":"i9","voter_id":"z","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-02T00:00:00Z"}"#;
+    let v = crate::input::decode_vote(line, &opts).unwrap();
+    let wants = engine.wants(&v);
+    store.provide(&mut engine, &[wants]).unwrap();
+    engine.process(&v, &mut Vec::new());
+    let mut records = Vec::new();
+    store.encode_changes(&mut engine, &mut records).unwrap();
+    assert!(records.contains(&(h_key.clone(), None)));
+    store.apply(&records, &[]).unwrap();
+    assert_eq!(store.get(&h_key).unwrap(), None);
+    let (engine, _) = store.load(cfg).unwrap();
+    assert_eq!(engine.open_values(), 1, "the new day's");
 }

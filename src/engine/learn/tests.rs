@@ -111,7 +111,8 @@ proptest! {
         m.persist(&mut e);
         prop_assert_eq!(got, want);
         prop_assert_eq!(terms(&m), terms(&want_m));
-        prop_assert_eq!(m.open(), want_m.open());
+        let p = &cfg_in(Mode::Learned).reputation;
+        prop_assert_eq!(m.open(p), want_m.open(p));
     }
 
     /// Split by item into partitions, in time order (nothing late), the
