@@ -304,9 +304,12 @@ struct SeriesRef<'a> {
     companion_evidence: Vec<EvidenceL>,
 }
 
+/// A series' open values: (epoch, reviewer, value) each.
+pub type SeriesOpen = Vec<(Epoch, Id, OpenValue)>;
+
 /// A series' open values of every epoch, as its value holds them (format
 /// 10 on; `None` for an older value, whose values are in its `h` records).
-pub fn decode_series_open(v: &[u8]) -> Result<Option<Vec<(Epoch, Id, OpenValue)>>, FormatError> {
+pub fn decode_series_open(v: &[u8]) -> Result<Option<SeriesOpen>, FormatError> {
     let (format, bytes) = payload(v)?;
     if format < 10 {
         return Ok(None);
