@@ -8,7 +8,7 @@ use crate::engine::{Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants};
 use crate::time::Nanos;
 
 use super::keys::*;
-use super::{format, Store, StoreError, INCOMPLETE, META_KEY};
+use super::{format, Epochs, Store, StoreError, INCOMPLETE, META_KEY};
 
 /// What a load read, for logs.
 #[derive(Debug, Clone, Copy, Default)]
@@ -139,18 +139,18 @@ impl Store {
         meta: &Meta,
     ) -> Result<(Vec<(OpenKey, OpenValue, Held)>, Vec<(TermsKey, Terms)>), StoreError> {
         let p = &cfg.reputation;
-        let sealed = meta
-            .watermark
-            .filter(|_| p.collects())
-            .map(|wm| p.sealed_by(wm));
-        if p.collects() {
-            let through = sealed.unwrap_or(Epoch::MIN);
-            *self.epochs.lock().unwrap_or_else(|e| e.into_inner()) = Some((p.clone(), through));
-            if let Some(sealed) = sealed {
-                let mut wb = rocksdb::WriteBatch::default();
-                wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
-                self.db.write(wb).map_err(|e| self.rocks(e))?;
-            }
+        // A temporary store's series values carry no open values.
+        let indexed = p.collects() && self.time_index;
+        let sealed = meta.watermark.filter(|_| indexed).map(|wm| p.sealed_by(wm));
+        *self.epochs.lock().unwrap_or_else(|e| e.into_inner()) = if indexed {
+            Epochs::On(p.clone(), sealed.unwrap_or(Epoch::MIN))
+        } else {
+            Epochs::Off
+        };
+        if let Some(sealed) = sealed {
+            let mut wb = rocksdb::WriteBatch::default();
+            wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
+            self.db.write(wb).map_err(|e| self.rocks(e))?;
         }
         let mut values = Vec::new();
         for item in self.prefix(b"e") {

@@ -31,10 +31,13 @@
 //! - `l` postcard(`BoardKey`)   → `BoardRow`: the partition's leaderboard (`board.rs`)
 //! - `e` postcard(epoch, inf, vp, voter) → SPEC §14 open value (vote time, value),
 //!   format 8; read, and deleted once its unit is written or sealed
-//! - `h` postcard(epoch, inf, vp) → SPEC §14: the series holds open values
-//!   of the epoch, the index a restore finds them by (format 10: the
-//!   format byte alone; format 9: the values, (reviewer, vote time, value)
-//!   each, read while the series' value is older than 10)
+//! - `h` postcard(epoch, inf, vp) → SPEC §14 a series' open values of an
+//!   epoch: (reviewer, vote time, value) each (format 9; read while the
+//!   series' value is older than 10, deleted at the epoch's seal)
+//! - `j` epoch (16, order-preserving) len(inf) inf vp → empty: local index
+//!   of the series values that hold open values of an epoch (format 10),
+//!   derived by [`Store::apply`] from every such series put, never sent;
+//!   an epoch's entries go as one range when a watermark seals it
 //! - `u` postcard(vp, epoch, voter) → SPEC §14 sealed delta of this partition (n, q, h)
 //! - `x` close order (u64 BE)    → SPEC §14 closed batch waiting at the barrier
 //! - `p` name                    → shell positions (input offset, changelog offset)
@@ -220,9 +223,22 @@ pub struct Store {
     /// A read-only look into a directory of a format before 7, which it
     /// cannot upgrade: values are read through `legacy`.
     legacy: bool,
-    /// SPEC §14's epochs, once a load in `shadow` or `learned` told them,
-    /// and the epoch through which the local `j` index is cleared.
-    epochs: std::sync::Mutex<Option<(crate::engine::reputation::ReputationParams, Epoch)>>,
+    /// SPEC §14's epochs, as a load tells them.
+    epochs: std::sync::Mutex<Epochs>,
+}
+
+/// What a store knows of SPEC §14's epochs (for its `j` index).
+#[derive(Debug, Default)]
+pub(super) enum Epochs {
+    /// Not loaded yet (a changelog restore): every series value's open
+    /// values are indexed.
+    #[default]
+    Unknown,
+    /// Loaded with `reputation.mode` off, or a temporary store (whose
+    /// series values carry no open values): nothing to index.
+    Off,
+    /// The epochs, and the newest epoch whose entries are cleared.
+    On(crate::engine::reputation::ReputationParams, Epoch),
 }
 
 /// The local entries a write derives from its records (see
@@ -565,13 +581,18 @@ impl Store {
                 }
             }
             Some(b's') => {
-                for epoch in self.decoded(key, value, format::series_open_epochs)? {
-                    out.puts.push(open_index_key(epoch, key));
+                if !matches!(
+                    *self.epochs.lock().unwrap_or_else(|p| p.into_inner()),
+                    Epochs::Off
+                ) {
+                    for epoch in self.decoded(key, value, format::series_open_epochs)? {
+                        out.puts.push(open_index_key(epoch, key));
+                    }
                 }
             }
             _ if key == META_KEY => {
                 let epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some((params, _)) = &*epochs {
+                if let Epochs::On(params, _) = &*epochs {
                     let meta = self.decoded(key, value, format::decode_meta)?;
                     out.sealed = meta.watermark.map(|wm| params.sealed_by(wm));
                 }
@@ -588,7 +609,7 @@ impl Store {
             return;
         };
         let mut epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, cleared)) = &mut *epochs {
+        if let Epochs::On(_, cleared) = &mut *epochs {
             if sealed > *cleared {
                 wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
                 *cleared = sealed;
