@@ -268,7 +268,7 @@ pub fn decode_series(v: &[u8]) -> Result<SeriesState, FormatError> {
 }
 
 /// The epochs a series' value holds open values of (format 10 on; none
-/// for an older value), read without allocating: what a store derives its
+/// for an older value), the values borrowed: what a store derives its
 /// local `j` index entries from.
 pub fn series_open_epochs(v: &[u8]) -> Result<smallvec::SmallVec<[Epoch; 2]>, FormatError> {
     let (format, bytes) = payload(v)?;
@@ -276,7 +276,7 @@ pub fn series_open_epochs(v: &[u8]) -> Result<smallvec::SmallVec<[Epoch; 2]>, Fo
     if format < 10 {
         return Ok(epochs);
     }
-    let (_, open): (SeriesRef<'_>, OpenRef<'_>) =
+    let (_, open): (SeriesIn, OpenRef<'_>) =
         postcard::from_bytes(bytes).map_err(|source| FormatError::Layout { format, source })?;
     for (epoch, ..) in open {
         if !epochs.contains(&epoch) {
@@ -284,24 +284,6 @@ pub fn series_open_epochs(v: &[u8]) -> Result<smallvec::SmallVec<[Epoch; 2]>, Fo
         }
     }
     Ok(epochs)
-}
-
-/// The series layout, borrowed: read past without allocating.
-#[derive(Deserialize)]
-#[allow(dead_code)]
-struct SeriesRef<'a> {
-    model_id: Option<&'a str>,
-    score: f64,
-    last_vote_at: Option<Nanos>,
-    update_seq: u64,
-    abstentions: u64,
-    votes: u64,
-    ambiguous: bool,
-    pending: u64,
-    last_mean_vote: Option<f64>,
-    companion_scores: Vec<f64>,
-    evidence: EvidenceL,
-    companion_evidence: Vec<EvidenceL>,
 }
 
 /// A series' open values: (epoch, reviewer, value) each.

@@ -142,7 +142,7 @@ impl Store {
         // A temporary store's series values carry no open values.
         let indexed = p.collects() && self.time_index;
         let sealed = meta.watermark.filter(|_| indexed).map(|wm| p.sealed_by(wm));
-        *self.epochs.lock().unwrap_or_else(|e| e.into_inner()) = if indexed {
+        *self.epochs() = if indexed {
             Epochs::On(p.clone(), sealed.unwrap_or(Epoch::MIN))
         } else {
             Epochs::Off

@@ -580,19 +580,13 @@ impl Store {
                     out.puts.push(voter_key(&series, &voter));
                 }
             }
-            Some(b's') => {
-                if !matches!(
-                    *self.epochs.lock().unwrap_or_else(|p| p.into_inner()),
-                    Epochs::Off
-                ) {
-                    for epoch in self.decoded(key, value, format::series_open_epochs)? {
-                        out.puts.push(open_index_key(epoch, key));
-                    }
+            Some(b's') if !matches!(*self.epochs(), Epochs::Off) => {
+                for epoch in self.decoded(key, value, format::series_open_epochs)? {
+                    out.puts.push(open_index_key(epoch, key));
                 }
             }
             _ if key == META_KEY => {
-                let epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
-                if let Epochs::On(params, _) = &*epochs {
+                if let Epochs::On(params, _) = &*self.epochs() {
                     let meta = self.decoded(key, value, format::decode_meta)?;
                     out.sealed = meta.watermark.map(|wm| params.sealed_by(wm));
                 }
@@ -602,14 +596,18 @@ impl Store {
         Ok(())
     }
 
+    /// What the store knows of SPEC §14's epochs.
+    pub(super) fn epochs(&self) -> std::sync::MutexGuard<'_, Epochs> {
+        self.epochs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Deletes, in `wb`, the `j` entries of every epoch up to `sealed`
     /// (one range), if not done yet: their values are sealed.
     pub(super) fn clear_sealed(&self, wb: &mut WriteBatch, sealed: Option<Epoch>) {
         let Some(sealed) = sealed else {
             return;
         };
-        let mut epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Epochs::On(_, cleared) = &mut *epochs {
+        if let Epochs::On(_, cleared) = &mut *self.epochs() {
             if sealed > *cleared {
                 wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
                 *cleared = sealed;

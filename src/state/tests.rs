@@ -817,6 +817,23 @@ fn open_voters(
         .collect()
 }
 
+/// Processes one vote line (read from `store` as the shell does) and
+/// returns the records of the engine's changes.
+fn vote_and_encode(
+    store: &Store,
+    engine: &mut Engine,
+    opts: &crate::input::DecodeOptions,
+    line: &[u8],
+) -> Vec<Record> {
+    let v = crate::input::decode_vote(line, opts).unwrap();
+    let wants = engine.wants(&v);
+    store.provide(engine, &[wants]).unwrap();
+    engine.process(&v, &mut Vec::new());
+    let mut records = Vec::new();
+    store.encode_changes(engine, &mut records).unwrap();
+    records
+}
+
 /// `learned` mode with one epoch per window, a state directory, 2024-01-01
 /// (the first vote time of the tests below) and its epoch.
 fn learned_setup() -> (
@@ -915,16 +932,8 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
 
     // A vote a day later seals the epoch: its index entries (one range)
     // and i3's record go.
-    let v = crate::input::decode_vote(
-        br#"{"inference_id":"i9","voter_id":"z","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-02T00:00:00Z"}"#,
-        &opts,
-    )
-    .unwrap();
-    let wants = engine.wants(&v);
-    store.provide(&mut engine, &[wants]).unwrap();
-    engine.process(&v, &mut out);
-    let mut records = Vec::new();
-    store.encode_changes(&mut engine, &mut records).unwrap();
+    let line = br#"{"inference_id":"i9","voter_id":"z","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-02T00:00:00Z"}"#;
+    let records = vote_and_encode(&store, &mut engine, &opts, line);
     store.apply(&records, &[]).unwrap();
     assert_eq!(keys(&store, b"e"), 0);
     assert_eq!(keys(&store, b"j"), 1, "only the new day's entry");
@@ -962,12 +971,7 @@ fn format_9_units_are_read_until_their_series_is_written() {
     assert_eq!(engine.open_values(), 2);
 
     let line = br#"{"inference_id":"i1","voter_id":"c","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-01T00:00:01Z"}"#;
-    let v = crate::input::decode_vote(line, &opts).unwrap();
-    let wants = engine.wants(&v);
-    store.provide(&mut engine, &[wants]).unwrap();
-    engine.process(&v, &mut Vec::new());
-    let mut records = Vec::new();
-    store.encode_changes(&mut engine, &mut records).unwrap();
+    let records = vote_and_encode(&store, &mut engine, &opts, line);
     assert!(
         records.iter().all(|(k, _)| k[0] != b'h'),
         "the old unit stays"
@@ -985,12 +989,7 @@ fn format_9_units_are_read_until_their_series_is_written() {
 
     // A vote a day later seals the epoch: the old unit goes.
     let line = br#"{"inference_id":"i9","voter_id":"z","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-02T00:00:00Z"}"#;
-    let v = crate::input::decode_vote(line, &opts).unwrap();
-    let wants = engine.wants(&v);
-    store.provide(&mut engine, &[wants]).unwrap();
-    engine.process(&v, &mut Vec::new());
-    let mut records = Vec::new();
-    store.encode_changes(&mut engine, &mut records).unwrap();
+    let records = vote_and_encode(&store, &mut engine, &opts, line);
     assert!(records.contains(&(h_key.clone(), None)));
     store.apply(&records, &[]).unwrap();
     assert_eq!(store.get(&h_key).unwrap(), None);
