@@ -17,7 +17,7 @@ pub struct BulkWrite {
     /// Sweep identities before this vote time first.
     horizon: Option<Nanos>,
     chunks: Vec<Chunk>,
-    /// The newest epoch sealed (see [`super::Derived`]).
+    /// The newest epoch sealed (see [`super::index::Derived`]).
     sealed: Option<crate::engine::reputation::Epoch>,
 }
 
@@ -100,7 +100,7 @@ impl Store {
             sealed: None,
         };
         let mut records = Vec::with_capacity(2);
-        let mut index = super::Derived::default();
+        let mut index = super::index::Derived::default();
         let mut err = None;
         self.provide_reviewers(engine)?;
         engine.drain_changes(|c| {

@@ -7,8 +7,9 @@ use crate::engine::Held;
 use crate::engine::{Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants};
 use crate::time::Nanos;
 
+use super::index::Epochs;
 use super::keys::*;
-use super::{format, Epochs, Store, StoreError, INCOMPLETE, META_KEY};
+use super::{format, Store, StoreError, INCOMPLETE, META_KEY};
 
 /// What a load read, for logs.
 #[derive(Debug, Clone, Copy, Default)]
