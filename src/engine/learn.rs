@@ -4,23 +4,17 @@
 
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use super::reputation::{self, Table};
 use super::*;
 
-/// An open value, whether it changed since the last drain, and what an
-/// older store held it in besides. The store holds a series' values in
-/// the series' record (format 10); a format-9 store held a series' values
-/// of an epoch in a record of their own (`in_unit`: it goes at the seal),
-/// a format-8 one each value in a record of its own (`legacy`: it goes
-/// when its unit is written or sealed).
+/// An open value, and what an older store held it in besides its
+/// series' record (format 10): a format-9 store held a series' values of
+/// an epoch in a record of their own, a format-8 one each value in a
+/// record of its own; that record goes at the seal.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct OpenSlot {
     value: OpenValue,
-    dirty: bool,
-    in_unit: bool,
-    legacy: bool,
+    held: Held,
 }
 
 /// Where a restored open value was held besides its series' value.
@@ -50,8 +44,6 @@ pub(super) struct Noted {
     added: bool,
     /// The series' first value of the epoch.
     first: bool,
-    /// A value was changed that was clean.
-    newly_dirty: bool,
 }
 
 /// Keeps `new` as `voter`'s value of `epoch` in a series' `values` if it
@@ -66,32 +58,24 @@ pub(super) fn note(values: &mut Values, epoch: Epoch, voter: &Id, new: OpenValue
         if v != voter {
             continue;
         }
-        let newer = slot.value.timestamp <= new.timestamp;
-        if newer {
+        if slot.value.timestamp <= new.timestamp {
             slot.value = new;
         }
         return Noted {
             added: false,
             first: false,
-            newly_dirty: newer && !std::mem::replace(&mut slot.dirty, true),
         };
     }
     let slot = OpenSlot {
         value: new,
-        dirty: true,
-        in_unit: false,
-        legacy: false,
+        held: Held::Series,
     };
     if values.capacity() == 0 {
         // A unit has a few reviewers: one allocation for most series.
         values.reserve_exact(UNIT_CAPACITY);
     }
     values.push((epoch, voter.clone(), slot));
-    Noted {
-        added: true,
-        first,
-        newly_dirty: true,
-    }
+    Noted { added: true, first }
 }
 
 /// A series' open values of every epoch, as its record carries them.
@@ -104,31 +88,6 @@ impl<'a> OpenValues<'a> {
         self.0
             .iter()
             .map(|(epoch, voter, slot)| (*epoch, voter, slot.value))
-    }
-}
-
-/// A series' values of `epoch`, once written: the series' record holds
-/// them (written in the same drain: a value changes only with a vote,
-/// which marks its series dirty); a format-8 record of one of them goes.
-fn write_unit<'a>(
-    epoch: Epoch,
-    series: &SeriesKey,
-    unit: impl Iterator<Item = (&'a Id, &'a mut OpenSlot)>,
-    sink: &mut impl FnMut(Change<'_>),
-) {
-    let mut slots: SmallVec<[(&Id, &mut OpenSlot); UNIT_CAPACITY]> = unit.collect();
-    if !slots.iter().any(|(_, slot)| slot.dirty) {
-        return;
-    }
-    for (voter, slot) in slots.iter_mut() {
-        slot.dirty = false;
-        if std::mem::take(&mut slot.legacy) {
-            sink(Change::OpenValueGone(&(
-                epoch,
-                series.clone(),
-                (*voter).clone(),
-            )));
-        }
     }
 }
 
@@ -290,8 +249,7 @@ impl Engine {
         self.pending.len()
     }
 
-    /// Counts what [`note`] did to `series`' values, and lists a value
-    /// that became dirty (not for a temporary store, which nothing reads).
+    /// Counts what [`note`] did to `series`' values.
     pub(super) fn noted(&mut self, series: &SeriesKey, epoch: Epoch, n: Noted) {
         if n.added {
             self.open_count += 1;
@@ -303,19 +261,6 @@ impl Engine {
                 .entry(epoch)
                 .or_default()
                 .push(series.clone());
-        }
-        if !n.newly_dirty || self.open_scan || !self.cfg.query_index {
-            return;
-        }
-        // Once a list of the dirty ones would hold more than one value in
-        // SCAN_WHEN_DIRTY (a replay's bulk write), the drain walks them all.
-        if self.dirty_open.len() >= 4096
-            && self.dirty_open.len() * SCAN_WHEN_DIRTY >= self.open_count
-        {
-            self.dirty_open.clear();
-            self.open_scan = true;
-        } else {
-            self.dirty_open.push((epoch, series.clone()));
         }
     }
 
@@ -396,11 +341,11 @@ impl Engine {
         sealer: &mut reputation::Sealer,
     ) {
         self.open_count -= unit.len();
-        if unit.iter().any(|(_, slot)| slot.in_unit) {
+        if unit.iter().any(|(_, slot)| slot.held == Held::Unit) {
             self.deleted_open.push((epoch, series.clone()));
         }
         for (voter, slot) in unit {
-            if slot.legacy {
+            if slot.held == Held::Value {
                 self.deleted_legacy_open
                     .push((epoch, series.clone(), voter.clone()));
             }
@@ -506,12 +451,7 @@ impl Engine {
             self.push_pending(order, slot);
         }
         for ((epoch, series, voter), value, held) in values {
-            let slot = OpenSlot {
-                value,
-                dirty: false,
-                in_unit: held == Held::Unit,
-                legacy: held == Held::Value,
-            };
+            let slot = OpenSlot { value, held };
             self.open_count += 1;
             self.open_epochs.insert(epoch);
             match self.series.get_mut(&series) {
@@ -532,57 +472,15 @@ impl Engine {
         }
     }
 
-    /// The open values listed dirty (none for a temporary store: see
-    /// [`Engine::noted`]), each with its unit, seals and waiting batches,
-    /// to persist.
+    /// The older records of sealed open values to delete, the seals and
+    /// the waiting batches, to persist (the open values themselves are in
+    /// their series' records).
     pub(super) fn drain_reputation(&mut self, sink: &mut impl FnMut(Change<'_>)) {
         for (epoch, series) in self.deleted_open.drain(..) {
             sink(Change::OpenUnitGone(epoch, &series));
         }
         for key in self.deleted_legacy_open.drain(..) {
             sink(Change::OpenValueGone(&key));
-        }
-        if std::mem::take(&mut self.open_scan) {
-            for (series, e) in self.series.iter_mut() {
-                let mut epochs: SmallVec<[Epoch; 2]> = SmallVec::new();
-                for (epoch, ..) in e.values.iter().filter(|(.., slot)| slot.dirty) {
-                    if !epochs.contains(epoch) {
-                        epochs.push(*epoch);
-                    }
-                }
-                for epoch in epochs {
-                    let unit = e.values.iter_mut().filter(|(k, ..)| *k == epoch);
-                    write_unit(epoch, series, unit.map(|(_, v, slot)| (&*v, slot)), sink);
-                }
-            }
-            for (&epoch, units) in self.parked_values.iter_mut() {
-                for (series, unit) in units.iter_mut() {
-                    write_unit(
-                        epoch,
-                        series,
-                        unit.iter_mut().map(|(v, slot)| (&*v, slot)),
-                        sink,
-                    );
-                }
-            }
-        }
-        for (epoch, series) in self.dirty_open.drain(..) {
-            match self.series.get_mut(&series) {
-                Some(e) => {
-                    let unit = e.values.iter_mut().filter(|(k, ..)| *k == epoch);
-                    write_unit(epoch, &series, unit.map(|(_, v, slot)| (&*v, slot)), sink);
-                }
-                None => {
-                    if let Some(unit) = self
-                        .parked_values
-                        .get_mut(&epoch)
-                        .and_then(|units| units.get_mut(&series))
-                    {
-                        let unit = unit.iter_mut().map(|(v, slot)| (&*v, slot));
-                        write_unit(epoch, &series, unit, sink);
-                    }
-                }
-            }
         }
         for (key, t) in self.sealed.drain(..) {
             sink(Change::Terms(&key, &t));

@@ -64,8 +64,8 @@ pub enum Change<'a> {
     /// A series' open values of an epoch that a format-9 store held in a
     /// record of their own (SPEC §14), now sealed: the record goes.
     OpenUnitGone(Epoch, &'a SeriesKey),
-    /// A value stored as a record of its own by format 8, now in its unit
-    /// or sealed: its record goes.
+    /// A value stored as a record of its own by format 8, now sealed: its
+    /// record goes.
     OpenValueGone(&'a OpenKey),
     /// A sealed delta of this partition (SPEC §14), written once.
     Terms(&'a TermsKey, &'a Terms),
@@ -166,12 +166,8 @@ pub struct Engine {
     open_epochs: std::collections::BTreeSet<Epoch>,
     /// Open values held, cached and parked.
     open_count: usize,
-    /// Units (a series' values of an epoch) with a value changed since the
-    /// last drain; listed once per value.
-    dirty_open: Vec<(Epoch, SeriesKey)>,
-    /// Too many open values are dirty for a list: the drain walks them.
-    open_scan: bool,
-    /// Units the store holds of epochs sealed since the last drain.
+    /// Format-9 units (a series' values of an epoch in a record of their
+    /// own) of epochs sealed since the last drain.
     deleted_open: Vec<(Epoch, SeriesKey)>,
     /// Format-8 records of values sealed since the last drain.
     deleted_legacy_open: Vec<OpenKey>,
@@ -246,8 +242,6 @@ impl Engine {
             open_series: BTreeMap::new(),
             open_epochs: Default::default(),
             open_count: 0,
-            dirty_open: Vec::new(),
-            open_scan: false,
             deleted_open: Vec::new(),
             deleted_legacy_open: Vec::new(),
             sealed: Vec::new(),

@@ -153,35 +153,38 @@ impl Store {
             wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
             self.db.write(wb).map_err(|e| self.rocks(e))?;
         }
-        let mut values = Vec::new();
+        // Each unit (a series' values of an epoch) an older record holds,
+        // with its values: a format-8 `e` record holds one, a format-9 `h`
+        // record all; a `j` entry says the series' value (format 10) holds
+        // some. The older records are read while their series' value is
+        // older than format 10, which holds them all once written.
+        type Older = Vec<(crate::input::Id, OpenValue, Held)>;
+        let mut units: std::collections::BTreeMap<(Epoch, SeriesKey), Older> = Default::default();
         for item in self.prefix(b"e") {
             let (k, v) = item?;
-            let key = format::parse_open_value_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            values.push((
-                key,
-                self.decoded(&k, &v, format::decode_open_value)?,
-                Held::Value,
-            ));
+            let (epoch, series, voter) =
+                format::parse_open_value_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
+            let value = self.decoded(&k, &v, format::decode_open_value)?;
+            let unit = units.entry((epoch, series)).or_default();
+            unit.push((voter, value, Held::Value));
         }
-        // The units: a format-9 `h` record holds its values (until its
-        // series' value is of format 10), a `j` entry says the series'
-        // value (format 10) holds some of the epoch's.
-        let mut units: std::collections::BTreeMap<(Epoch, SeriesKey), Option<_>> =
-            Default::default();
         for item in self.prefix(b"h") {
             let (k, v) = item?;
             let (epoch, series) =
                 format::parse_open_unit_key(&k[1..]).map_err(|e| self.corrupt(&k, e))?;
-            units.insert(
-                (epoch, series),
-                self.decoded(&k, &v, format::decode_open_unit)?,
+            let held = self.decoded(&k, &v, format::decode_open_unit)?;
+            let unit = units.entry((epoch, series)).or_default();
+            unit.extend(
+                held.into_iter()
+                    .flatten()
+                    .map(|(voter, v)| (voter, v, Held::Unit)),
             );
         }
         for item in self.prefix(b"j") {
             let (k, _) = item?;
             let unit = parse_open_index_key(&k)
                 .ok_or_else(|| self.corrupt(&k, "an open index key is not epoch and series"))?;
-            units.entry(unit).or_insert(None);
+            units.entry(unit).or_default();
         }
         let mut series_at = rustc_hash::FxHashMap::default();
         let mut keys = Vec::new();
@@ -197,22 +200,25 @@ impl Store {
             held.push(self.decoded(&keys[i], v, format::decode_series_open)?);
             Ok(())
         })?;
-        for ((epoch, series), unit) in units {
-            // A format-9 unit's record goes at its seal (`Held::Unit`).
-            let kind = if unit.is_some() {
-                Held::Unit
-            } else {
-                Held::Series
-            };
-            match (&held[series_at[&series]], unit) {
-                (Some(all), _) => values.extend(all.iter().filter(|(e, ..)| *e == epoch).map(
-                    |(_, voter, value)| ((epoch, series.clone(), voter.clone()), *value, kind),
+        let mut values = Vec::new();
+        for ((epoch, series), older) in units {
+            match &held[series_at[&series]] {
+                // Each still goes at the seal if an older record holds it.
+                Some(all) => values.extend(all.iter().filter(|(e, ..)| *e == epoch).map(
+                    |(_, voter, value)| {
+                        let kind = older
+                            .iter()
+                            .find(|(v, ..)| v == voter)
+                            .map_or(Held::Series, |&(.., kind)| kind);
+                        ((epoch, series.clone(), voter.clone()), *value, kind)
+                    },
                 )),
-                (None, Some(unit)) => values.extend(
-                    unit.into_iter()
-                        .map(|(voter, value)| ((epoch, series.clone(), voter), value, kind)),
+                None if !older.is_empty() => values.extend(
+                    older
+                        .into_iter()
+                        .map(|(voter, value, kind)| ((epoch, series.clone(), voter), value, kind)),
                 ),
-                (None, None) => {
+                None => {
                     return Err(self.corrupt(
                         &series_key_bytes(&series),
                         "a series with open values (a `j` entry) is of a format before 10",

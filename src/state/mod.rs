@@ -30,7 +30,8 @@
 //!   when it forgets that identity
 //! - `l` postcard(`BoardKey`)   → `BoardRow`: the partition's leaderboard (`board.rs`)
 //! - `e` postcard(epoch, inf, vp, voter) → SPEC §14 open value (vote time, value),
-//!   format 8; read, and deleted once its unit is written or sealed
+//!   format 8; read while the series' value is older than 10, deleted at
+//!   the epoch's seal
 //! - `h` postcard(epoch, inf, vp) → SPEC §14 a series' open values of an
 //!   epoch: (reviewer, vote time, value) each (format 9; read while the
 //!   series' value is older than 10, deleted at the epoch's seal)

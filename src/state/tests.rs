@@ -855,8 +855,8 @@ fn learned_setup() -> (
 /// SPEC §14's open values are in their series' record (format 10), and
 /// the store indexes them locally (`j`, one entry per series and epoch,
 /// an epoch's deleted as one range at its seal). A store of format 8 holds
-/// them as `e` records, one per reviewer: they are read, and deleted once
-/// their unit is written (a vote on the series in that epoch) or sealed.
+/// them as `e` records, one per reviewer: they are read while their
+/// series' record is older than format 10, and deleted at the seal.
 #[test]
 fn open_values_are_in_their_series_record_and_format_8_records_go() {
     use crate::engine::reputation::OpenValue;
@@ -890,6 +890,12 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     };
     let old = [legacy("i2", "c"), legacy("i2", "d"), legacy("i3", "c")];
     store.apply(&old, &[]).unwrap();
+    let now = series_value(&SeriesState::new(None, &cfg));
+    let series_8 = [&[8][..], &now[1..now.len() - 1]].concat();
+    for inf in ["i2", "i3"] {
+        let put = (series_key_bytes(&series(inf)), Some(series_8.clone()));
+        store.apply(&[put], &[]).unwrap();
+    }
 
     let (mut engine, _) = store.load(cfg.clone()).unwrap();
     assert_eq!(engine.open_values(), 3);
@@ -912,16 +918,11 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     for s in [series("i1"), series("i2")] {
         assert_eq!(open_voters(&records, &s, epoch), open_want(&s), "{s:?}");
     }
-    // i2's format-8 records go with its unit's put; i3's stays.
-    let gone: Vec<&Vec<u8>> = records
-        .iter()
-        .filter(|(k, v)| k[0] == b'e' && v.is_none())
-        .map(|(k, _)| k)
-        .collect();
-    assert_eq!(gone, [&old[0].0, &old[1].0]);
-    assert!(records.iter().all(|(k, v)| k[0] != b'e' || v.is_none()));
+    // The format-8 records stay until the seal; i2's record now holds its
+    // values and is read instead.
+    assert!(records.iter().all(|(k, _)| k[0] != b'e'));
     store.apply(&records, &[]).unwrap();
-    assert_eq!(keys(&store, b"e"), 1);
+    assert_eq!(keys(&store, b"e"), 3);
     assert_eq!(
         keys(&store, b"j"),
         2,
@@ -931,7 +932,7 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     assert_eq!(engine.open_values(), 6);
 
     // A vote a day later seals the epoch: its index entries (one range)
-    // and i3's record go.
+    // and the format-8 records go.
     let line = br#"{"inference_id":"i9","voter_id":"z","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-02T00:00:00Z"}"#;
     let records = vote_and_encode(&store, &mut engine, &opts, line);
     store.apply(&records, &[]).unwrap();
