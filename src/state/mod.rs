@@ -194,7 +194,12 @@ fn options(temporary: bool) -> Options {
         inference_prefix,
         Some(in_inference_domain),
     ));
-    opts.set_memtable_prefix_bloom_ratio(0.1);
+    // The memtable's bloom is sized by `write_buffer_size` (here 2 %: 335
+    // KiB, over 20 bits a key even for a full memtable) and counted in
+    // MEMTABLES: at 10 % four partitions' blooms took 6.4 of its 16 MiB, so
+    // memtables were flushed small and compacted often, and every new one
+    // cleared 1.6 MiB (docs/PERFORMANCE.md, "What made it fast").
+    opts.set_memtable_prefix_bloom_ratio(0.02);
     opts.set_memtable_whole_key_filtering(true);
     opts.set_write_buffer_size(16 << 20);
     opts.set_max_write_buffer_number(3);
