@@ -310,11 +310,12 @@ impl Engine {
         };
         let mut freed = 0;
         let parked = &mut self.parked_values;
+        let spare = &mut self.spare_values;
         self.series.retain(|k, e| {
             let keep = e.dirty || !e.open.is_empty() || e.used > cut;
             if !keep {
                 freed += series_bytes(&k.inference_id, &k.voter_prompt_id, &e.state);
-                super::learn::park(parked, k, std::mem::take(&mut e.values));
+                super::learn::park(parked, spare, k, &mut e.values);
             }
             keep
         });
@@ -384,6 +385,9 @@ impl Engine {
             // (Values parked for a series the store lacks: only when a
             // store was written by hand, but a unit must be whole.)
             let mut values = self.unpark(key);
+            if value.is_some() {
+                self.spare_values.fill(&mut values);
+            }
             let noted = value.map(|(k, voter, v)| (k, note(&mut values, k, voter, v)));
             self.series.insert(
                 key.clone(),
@@ -405,6 +409,9 @@ impl Engine {
         e.state.pending += 1;
         if !std::mem::replace(&mut e.dirty, true) {
             self.dirty_series.push(key.clone());
+        }
+        if value.is_some() {
+            self.spare_values.fill(&mut e.values);
         }
         let noted = value.map(|(k, voter, v)| (k, note(&mut e.values, k, voter, v)));
         let batches = &self.batches;

@@ -164,6 +164,8 @@ pub struct Engine {
     open_series: BTreeMap<Epoch, Vec<SeriesKey>>,
     /// The epochs any open value has (at most a few).
     open_epochs: std::collections::BTreeSet<Epoch>,
+    /// Emptied value vectors for series' next values (`learn::Spare`).
+    spare_values: learn::Spare,
     /// Open values held, cached and parked.
     open_count: usize,
     /// Format-9 units (a series' values of an epoch in a record of their
@@ -241,6 +243,7 @@ impl Engine {
             parked_values: BTreeMap::new(),
             open_series: BTreeMap::new(),
             open_epochs: Default::default(),
+            spare_values: Default::default(),
             open_count: 0,
             deleted_open: Vec::new(),
             deleted_legacy_open: Vec::new(),

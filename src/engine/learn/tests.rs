@@ -173,6 +173,51 @@ fn learned_without_tables_scores_as_off() {
     );
 }
 
+/// A seal keeps the vectors of the values it empties for later series,
+/// never more than the series it sealed.
+#[test]
+fn sealed_vectors_are_reused_and_bounded() {
+    let mut e = Engine::new(cfg_in(Mode::Shadow));
+    let mut out = Vec::new();
+    let at = |t: i128, item: u8, voter: u8| Vote {
+        inference_id: format!("i{item}").into(),
+        voter_id: format!("v{voter}").into(),
+        voter_prompt_id: "r".into(),
+        value: Some(1.0),
+        timestamp: (1_700_000_040 + t) * NANOS_PER_SEC,
+        vote_id: None,
+        model_id: None,
+        weight: 1.0,
+        inference_time: None,
+    };
+    // Epoch 0 (two-minute epochs from 1 699 999 920 s): four series.
+    for item in 0..4 {
+        for voter in 0..2 {
+            e.process(&at(1, item, voter), &mut out);
+        }
+    }
+    assert!(e.spare_values.0.is_empty());
+    // A vote of epoch 2 (its series keeps a value) seals epoch 0: the
+    // three other series' vectors are kept.
+    e.process(&at(300, 0, 0), &mut out);
+    assert_eq!(e.open_values(), 1);
+    assert_eq!(e.spare_values.0.len(), 3);
+    // A vote of epoch 5 takes one for its series; sealing epoch 2 (one
+    // series) keeps at most one.
+    e.process(&at(700, 1, 0), &mut out);
+    assert_eq!(e.open_values(), 1);
+    assert_eq!(e.spare_values.0.len(), 1);
+    assert!(
+        e.series[&SeriesKey {
+            inference_id: "i1".into(),
+            voter_prompt_id: "r".into(),
+        }]
+            .values
+            .capacity()
+            >= UNIT_CAPACITY
+    );
+}
+
 /// Each partition's votes, split by item (a series lives in one partition).
 fn split(votes: &[Vote], parts: usize) -> Vec<Vec<Vote>> {
     let mut out = vec![Vec::new(); parts];
