@@ -8,7 +8,6 @@
 //! is not scanned again after every cycle.
 
 use super::agreement::reviewer_bytes;
-use super::learn::note;
 use super::memory::{block, id_block, slot};
 use super::reputation::{Epoch, OpenValue};
 use super::{vote_identity, Engine, SeriesKey, SeriesState};
@@ -385,10 +384,8 @@ impl Engine {
             // (Values parked for a series the store lacks: only when a
             // store was written by hand, but a unit must be whole.)
             let mut values = self.unpark(key);
-            if value.is_some() {
-                self.spare_values.fill(&mut values);
-            }
-            let noted = value.map(|(k, voter, v)| (k, note(&mut values, k, voter, v)));
+            let noted =
+                value.map(|(k, voter, v)| (k, self.spare_values.note(&mut values, k, voter, v)));
             self.series.insert(
                 key.clone(),
                 Box::new(SeriesEntry {
@@ -410,10 +407,8 @@ impl Engine {
         if !std::mem::replace(&mut e.dirty, true) {
             self.dirty_series.push(key.clone());
         }
-        if value.is_some() {
-            self.spare_values.fill(&mut e.values);
-        }
-        let noted = value.map(|(k, voter, v)| (k, note(&mut e.values, k, voter, v)));
+        let noted =
+            value.map(|(k, voter, v)| (k, self.spare_values.note(&mut e.values, k, voter, v)));
         let batches = &self.batches;
         let found = e.open.iter().copied().find(|seq| {
             batches

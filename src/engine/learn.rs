@@ -34,6 +34,18 @@ pub(super) type Values = Vec<(Epoch, Id, OpenSlot)>;
 /// The values a series' first one makes room for.
 const UNIT_CAPACITY: usize = 6;
 
+/// A series' open values of one epoch: (reviewer, value).
+pub(super) type Unit = Vec<(Id, OpenSlot)>;
+
+/// What [`Spare::note`] did.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Noted {
+    /// A value for a reviewer the series had none of in the epoch.
+    added: bool,
+    /// The series' first value of the epoch.
+    first: bool,
+}
+
 /// Emptied value vectors, kept for series' next values. A seal empties
 /// an epoch's worth of them and the next epoch's first votes need as many
 /// again; allocated and freed each time, with mimalloc returning freed
@@ -44,13 +56,46 @@ const UNIT_CAPACITY: usize = 6;
 pub(super) struct Spare(Vec<Values>);
 
 impl Spare {
-    /// Gives `values` room from a spare vector, if it has none.
-    pub(super) fn fill(&mut self, values: &mut Values) {
-        if values.capacity() == 0 {
-            if let Some(v) = self.0.pop() {
-                *values = v;
+    /// Keeps `new` as `voter`'s value of `epoch` in a series' `values` if
+    /// it is the latest (by timestamp; ties: this later arrival). A series'
+    /// first value takes a spare vector, or a new one.
+    pub(super) fn note(
+        &mut self,
+        values: &mut Values,
+        epoch: Epoch,
+        voter: &Id,
+        new: OpenValue,
+    ) -> Noted {
+        let mut first = true;
+        for (k, v, slot) in values.iter_mut() {
+            if *k != epoch {
+                continue;
             }
+            first = false;
+            if v != voter {
+                continue;
+            }
+            if slot.value.timestamp <= new.timestamp {
+                slot.value = new;
+            }
+            return Noted {
+                added: false,
+                first: false,
+            };
         }
+        let slot = OpenSlot {
+            value: new,
+            held: Held::Series,
+        };
+        if values.capacity() == 0 {
+            // A unit has a few reviewers: one allocation for most series.
+            *values = self
+                .0
+                .pop()
+                .unwrap_or_else(|| Values::with_capacity(UNIT_CAPACITY));
+        }
+        values.push((epoch, voter.clone(), slot));
+        Noted { added: true, first }
     }
 
     /// Keeps `values`' vector (emptied) for a later series.
@@ -65,50 +110,6 @@ impl Spare {
     fn bound(&mut self, n: usize) {
         self.0.truncate(n);
     }
-}
-
-/// A series' open values of one epoch: (reviewer, value).
-pub(super) type Unit = Vec<(Id, OpenSlot)>;
-
-/// What [`note`] did.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Noted {
-    /// A value for a reviewer the series had none of in the epoch.
-    added: bool,
-    /// The series' first value of the epoch.
-    first: bool,
-}
-
-/// Keeps `new` as `voter`'s value of `epoch` in a series' `values` if it
-/// is the latest (by timestamp; ties: this later arrival).
-pub(super) fn note(values: &mut Values, epoch: Epoch, voter: &Id, new: OpenValue) -> Noted {
-    let mut first = true;
-    for (k, v, slot) in values.iter_mut() {
-        if *k != epoch {
-            continue;
-        }
-        first = false;
-        if v != voter {
-            continue;
-        }
-        if slot.value.timestamp <= new.timestamp {
-            slot.value = new;
-        }
-        return Noted {
-            added: false,
-            first: false,
-        };
-    }
-    let slot = OpenSlot {
-        value: new,
-        held: Held::Series,
-    };
-    if values.capacity() == 0 {
-        // A unit has a few reviewers: one allocation for most series.
-        values.reserve_exact(UNIT_CAPACITY);
-    }
-    values.push((epoch, voter.clone(), slot));
-    Noted { added: true, first }
 }
 
 /// A series' open values of every epoch, as its record carries them.
@@ -285,7 +286,7 @@ impl Engine {
         self.pending.len()
     }
 
-    /// Counts what [`note`] did to `series`' values.
+    /// Counts what [`Spare::note`] did to `series`' values.
     pub(super) fn noted(&mut self, series: &SeriesKey, epoch: Epoch, n: Noted) {
         if n.added {
             self.open_count += 1;

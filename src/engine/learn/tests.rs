@@ -190,7 +190,7 @@ fn sealed_vectors_are_reused_and_bounded() {
         weight: 1.0,
         inference_time: None,
     };
-    // Epoch 0 (two-minute epochs from 1 699 999 920 s): four series.
+    // Epoch 0 (two-minute epochs; one starts at 1 700 000 040 s): four series.
     for item in 0..4 {
         for voter in 0..2 {
             e.process(&at(1, item, voter), &mut out);
