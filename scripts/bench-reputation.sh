@@ -10,7 +10,9 @@
 # test broker of scripts/broker.sh) in each mode, turn about, ROUNDS
 # rounds, each a fresh group and state directory on one preloaded topic:
 # from its start until its group committed every input offset; CPU = the
-# process's user + system time.
+# process's user + system time; and, sampled from its metrics, the most
+# batches waiting at SPEC §14's barrier and the widest spread of its
+# partitions' watermarks (how far the backlog's partitions drift apart).
 # LIVE=1 (with KAFKA=1) also measures `run` at a live rate: votes produced
 # at LIVE_RATE votes/s (default 20000) for LIVE_SECONDS (default 30) to a
 # fresh topic that a fresh `run` in each mode consumes as they come, turn
@@ -79,6 +81,25 @@ if [ "${KAFKA:-0}" = 1 ]; then
     scripts/broker.sh start "$PORT"
     trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
     RUN="rep$$"
+    LISTEN="127.0.0.1:$((PORT + 100))"
+    # sample LISTEN PID: "waiting drift" lines (the most batches waiting at
+    # SPEC §14's barrier, the widest spread of partition watermarks in
+    # minutes) while PID runs.
+    sample() {
+        local most=0 widest=0
+        while kill -0 "$2" 2>/dev/null; do
+            # (Watermarks an idle flush moved to the wall clock left out.)
+            read -r w d < <(curl -sf "http://$1/metrics" 2>/dev/null | awk -v now="$(date +%s)" '
+                /^jurystream_reputation_pending_batches/ { w += $2 }
+                /^jurystream_watermark_timestamp_seconds\{/ && $2 < now - 3600 {
+                    if (n++ == 0 || $2 < lo) lo = $2; if ($2 > hi) hi = $2 }
+                END { printf "%d %d\n", w, (n ? (hi - lo) / 60 : 0) }') || true
+            [ "${w:-0}" -gt "$most" ] && most=$w
+            [ "${d:-0}" -gt "$widest" ] && widest=$d
+            echo "$most $widest"
+            sleep 0.5
+        done
+    }
     preload "$BIN" "$RUN" "$INPUT" at_least_once "$BROKERS" "$WORK"
     TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
     for i in $(seq "$ROUNDS"); do
@@ -86,7 +107,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
             group="$RUN-$mode-$i"
             state="$WORK/state-$group"
             {
-                service_config "$RUN" "$group" "$state" 127.0.0.1:0 at_least_once "$BROKERS" \
+                service_config "$RUN" "$group" "$state" "$LISTEN" at_least_once "$BROKERS" \
                     | sed 's/^\[batching\]$/[batching]\nwindow_seconds = 60/'
                 printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' \
                     "$mode" "$EPOCH" "$group"
@@ -95,27 +116,35 @@ if [ "${KAFKA:-0}" = 1 ]; then
             start=$(date +%s.%N)
             "$BIN" run --config "$WORK/$group.toml" > "$WORK/$group.log" 2>&1 &
             pid=$!
+            # Batches waiting at the barrier and how far apart the
+            # partitions' watermarks are (minutes), sampled twice a second.
+            sample "$LISTEN" "$pid" > "$WORK/$group.waiting" &
+            sampler=$!
             "$HELPER" wait "$BROKERS" "$RUN-votes" "$group" "$TOTAL" > /dev/null
             end=$(date +%s.%N)
             ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+            kill "$sampler" 2>/dev/null || true
+            wait "$sampler" 2>/dev/null || true
             kill -TERM "$pid"
             wait "$pid" || true
             rm -rf "$state"
-            python3 -c 'import sys; s, e, t, k = map(float, sys.argv[2:6]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f}")' \
-                "run-$mode" "$start" "$end" "$ticks" "$(getconf CLK_TCK)"
+            python3 -c 'import sys; s, e, t, k = map(float, sys.argv[2:6]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f} {sys.argv[6]}")' \
+                "run-$mode" "$start" "$end" "$ticks" "$(getconf CLK_TCK)" \
+                "$(tail -1 "$WORK/$group.waiting" | tr ' ' , | grep . || echo 0,0)"
         done
     done | python3 -c '
 import sys
 rows = {}
 for line in sys.stdin:
-    label, secs, cpu = line.split()
-    rows.setdefault(label, []).append((float(secs), float(cpu)))
+    label, secs, cpu, waiting = line.split()
+    rows.setdefault(label, []).append((float(secs), float(cpu), waiting))
 off = min(r[0] for r in rows["run-off"])
 off_cpu = min(r[1] for r in rows["run-off"])
 for label, rs in rows.items():
     best = min(r[0] for r in rs); cpu = min(r[1] for r in rs)
     print(f"{label:12s} best of {len(rs)}: {best:.2f} s wall ({best / off:.3f} x off), "
-          f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off)")
+          f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off); per run, most batches waiting at the "
+          f"barrier, widest watermark spread (min): {[r[2] for r in rs]}")
 '
 fi
 
