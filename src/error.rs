@@ -3,7 +3,7 @@
 //! the crate says both through [`Classify`]: the commands' own
 //! ([`crate::replay::ReplayError`], also `agreement`'s;
 //! [`crate::backtest::BacktestError`], [`crate::inspect::InspectError`],
-//! [`crate::api::http::QueryError`],
+//! [`crate::api::client::QueryError`],
 //! [`crate::produce::ProduceError`]), the long-running ones'
 //! ([`crate::service::ServiceError`], [`crate::connect::ConnectError`])
 //! and the ones they wrap ([`crate::state::StoreError`],

@@ -301,7 +301,7 @@ fn query(a: QueryArgs) -> Outcome {
         (.., Some(r)) => format!("/v1/leaderboard?voter_prompt_id={r}"),
         _ => "/v1/leaderboard".to_owned(),
     };
-    let text = jurystream::api::http::query(&a.url, &path, a.token.as_deref())?;
+    let text = jurystream::api::client::query(&a.url, &path, a.token.as_deref())?;
     println!("{text}");
     Ok(())
 }

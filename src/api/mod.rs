@@ -12,6 +12,7 @@
 //! An answer reflects the last committed cycle of each partition (what is
 //! in RocksDB), the same state the emitted events reflect.
 
+pub mod client;
 pub mod http;
 pub mod merge;
 mod params;

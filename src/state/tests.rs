@@ -1,3 +1,4 @@
+use super::upgrade::{FORMAT_VERSION, UPGRADING_POS};
 use super::*;
 use crate::engine::score::Evidence;
 use crate::engine::{Change, Meta, Wants};
