@@ -116,7 +116,7 @@ fn an_idle_partition_seals_by_idle_flush_and_releases_the_others() {
                 .and_then(|v| {
                     v["inference_id"]
                         .as_str()
-                        .map(|k| crc32fast::hash(k.as_bytes()) % 2 == 0)
+                        .map(|k| crc32fast::hash(k.as_bytes()).is_multiple_of(2))
                 })
                 .unwrap_or(false)
         })

@@ -639,7 +639,7 @@ fn watch_first_event(
             let origin_partition = m.headers().and_then(|h| {
                 let o = h.iter().find(|x| x.key == "jurystream-origin")?;
                 let o = std::str::from_utf8(o.value?).ok()?;
-                o.rsplitn(4, '/').nth(2)?.parse::<i32>().ok()
+                o.rsplit('/').nth(2)?.parse::<i32>().ok()
             });
             if origin_partition.is_some_and(|p| parts.contains(&p)) {
                 return Some(killed_at.elapsed());
@@ -1269,7 +1269,7 @@ fn a_restore_longer_than_max_poll_interval_keeps_the_member_in_the_group() {
     let took = (took_s * 1000.0) as u64;
     eprintln!("restore took {took} ms");
     assert!(
-        took > max_poll_ms as u64,
+        took > max_poll_ms,
         "the restore took {took} ms, not longer than max.poll.interval.ms ({max_poll_ms}): \
          make the history larger\n{}",
         b.log_text()

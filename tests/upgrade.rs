@@ -337,7 +337,8 @@ fn read_raw(bootstrap: &str, topic: &str, committed: bool) -> Vec<Raw> {
 }
 
 /// The delivery report of every record sent: (partition, offset) by index.
-struct Acks(Mutex<HashMap<usize, Result<(i32, i64), String>>>);
+type Ack = Result<(i32, i64), String>;
+struct Acks(Mutex<HashMap<usize, Ack>>);
 
 impl ClientContext for Acks {}
 

@@ -161,7 +161,7 @@ impl Sections {
                 _ => None,
             };
             let least = k.commit_interval_ms() + TRANSACTION_MARGIN_MS;
-            if k.delivery == Delivery::ExactlyOnce && !ms.is_some_and(|ms| ms > least) {
+            if k.delivery == Delivery::ExactlyOnce && ms.is_none_or(|ms| ms <= least) {
                 return Err(ConfigError(format!(
                     "kafka.properties.transaction.timeout.ms: must be a number of \
                      milliseconds above kafka.commit_interval_ms + {TRANSACTION_MARGIN_MS} \

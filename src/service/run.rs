@@ -346,7 +346,7 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
 }
 
 /// The record's `jurystream-source` header (SPEC §12), if any.
-fn source_header<'a>(m: &'a impl Message) -> Option<&'a [u8]> {
+fn source_header(m: &impl Message) -> Option<&[u8]> {
     use rdkafka::message::Headers;
     m.headers()?
         .iter()

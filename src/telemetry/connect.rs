@@ -144,7 +144,7 @@ impl ConnectMetrics {
         );
         let webhooks = Family::<ActionLabel, Counter>::default();
         for action in WEBHOOK_ACTIONS.iter().chain(&["other"]) {
-            webhooks.get_or_create_owned(&ActionLabel { action: *action });
+            webhooks.get_or_create_owned(&ActionLabel { action });
         }
         register(
             r,
