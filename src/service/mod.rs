@@ -22,6 +22,7 @@ mod cycle;
 mod delivery;
 pub mod error;
 mod ingest;
+mod lanes;
 mod overlap;
 mod part;
 mod rebalance;

@@ -3,6 +3,7 @@
 //! adoption on the poll loop: take restored partitions into service,
 //! publish an interrupted outbox cycle's missing events, seek, resume.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -12,6 +13,7 @@ use super::client::Tp;
 use super::context::{Ctx, Rebalance};
 use super::delivery::{commit, hand_over, publish_outboxed, write_delivered};
 use super::error::{Result, ServiceError};
+use super::lanes::Lanes;
 use super::restore::{RestoreJob, Restored};
 use super::session::Session;
 
@@ -76,7 +78,11 @@ impl Rebalance for Session {
 
 /// Starts restoring the queued partitions when no restore runs, and takes
 /// a finished restore into service: adopt, seek, resume.
-pub fn drive_restore(s: &mut Session, consumer: &Consumer) -> Result<()> {
+pub fn drive_restore(
+    s: &mut Session,
+    consumer: &Arc<Consumer>,
+    lanes: &mut Lanes<Ctx<Session>>,
+) -> Result<()> {
     if let Some(result) = s.restoring.as_mut().and_then(RestoreJob::try_finish) {
         let job = s.restoring.take().expect("checked above");
         let restored = result?;
@@ -97,6 +103,9 @@ pub fn drive_restore(s: &mut Session, consumer: &Consumer) -> Result<()> {
             // Restores kept no partition from polling: none was idle.
             if let Some(p) = s.parts.get_mut(tp) {
                 p.touch();
+                // Its own queue before it is resumed, so that none of its
+                // records can be in the main queue.
+                lanes.split(consumer, tp, p.next_offset())?;
             }
         }
         consumer

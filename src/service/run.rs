@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer as _;
-use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::message::Message;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -16,6 +16,7 @@ use super::client::{check_outbox_partitioner, Names, Outputs, ProduceCtx, StateD
 use super::context::Ctx;
 use super::delivery::{commit, commit_overlapped, hand_over, land};
 use super::error::{Classify, Result, ServiceError};
+use super::lanes::{Lanes, Pick};
 use super::part::join_lingering;
 use super::rebalance::{drive_restore, not_restored, Consumer};
 use super::reputation::Reputation;
@@ -219,15 +220,20 @@ fn session(
         session.reputation = Some(Reputation::start(cfg, expected)?);
     }
     let ctx = Ctx::new(session, metrics.clone());
-    let consumer: Consumer = client_config(cfg)
+    let mut consumer: Consumer = client_config(cfg)
         .set("group.id", &cfg.kafka.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
         .set("auto.offset.reset", "earliest")
         .set("isolation.level", "read_committed")
+        // A partition's end tells its lane not to wait for more (`lanes`).
+        .set("enable.partition.eof", "true")
         .set("statistics.interval.ms", "5000")
         .create_with_context(ctx)
         .map_err(|e| ServiceError::kafka("create the consumer", e))?;
+    let mut lanes = Lanes::new();
+    consumer.set_nonempty_callback(lanes.waker());
+    let consumer = Arc::new(consumer);
     let input: Vec<&str> = cfg.kafka.input_topics.iter().map(String::as_str).collect();
     consumer
         .subscribe(&input)
@@ -239,7 +245,7 @@ fn session(
         transactional_id = %names.transactional_id,
         "consuming"
     );
-    let result = poll_loop(&consumer, cfg, stop);
+    let result = poll_loop(&consumer, &mut lanes, cfg, stop);
     // Shut down: finish the cycle when healthy, else abort it.
     let mut guard = consumer.context().lock();
     if let Some(s) = guard.as_mut() {
@@ -259,30 +265,52 @@ fn session(
     // The session (its stores) closes before the consumer leaves the group.
     guard.take();
     drop(guard);
+    // The split queues go before the consumer leaves the group.
+    drop(lanes);
     consumer.unsubscribe();
     // Writes and cancelled restores still holding a directory close it.
     join_lingering(Duration::from_secs(30));
     result
 }
 
-/// How long the poll loop waits for a record, and while a commit is in
-/// flight.
+/// How long the poll loop sleeps with nothing to do (a queue receiving
+/// something wakes it), and while a commit is in flight or a lagging
+/// partition's records are being fetched.
 const IDLE_POLL: Duration = Duration::from_millis(50);
 const LANDING_POLL: Duration = Duration::from_millis(2);
+
+/// Records read between two polls of the main queue (rebalances, errors,
+/// statistics) while records flow.
+const MAIN_EVERY: u32 = 64;
 
 /// The producer's `linger.ms` unless `kafka.properties` sets one.
 const LINGER_MS: &str = "5";
 
-fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()> {
+fn poll_loop(
+    consumer: &Arc<Consumer>,
+    lanes: &mut Lanes<Ctx<Session>>,
+    cfg: &Config,
+    stop: &AtomicBool,
+) -> Result<()> {
     let commit_every = Duration::from_millis(cfg.kafka.commit_interval_ms() as u64);
     // The record's topic and partition, its name copied only when it changes.
     let mut tp: Tp = (String::new(), -1);
-    // While a commit is in flight the loop polls briefly, so that its
-    // answer is taken (and the next transaction begun) within ~2 ms rather
-    // than after an idle poll's 50 ms.
-    let mut landing = false;
+    let mut nap = None;
+    let mut since_main = MAIN_EVERY;
     while !stop.load(Ordering::SeqCst) {
-        let msg = consumer.poll(if landing { LANDING_POLL } else { IDLE_POLL });
+        if let Some(d) = nap.take() {
+            lanes.wait(d);
+            since_main = MAIN_EVERY;
+        }
+        // The main queue: callbacks (rebalances run the session's), errors,
+        // and the records of a partition without a lane of its own.
+        let main = if since_main >= MAIN_EVERY {
+            since_main = 0;
+            consumer.poll(Duration::ZERO)
+        } else {
+            None
+        };
+        since_main += 1;
         let mut guard = consumer.context().lock();
         let s = guard
             .as_mut()
@@ -293,38 +321,29 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         // Restores run on their own thread with their partitions paused:
         // this loop keeps polling (the member stays in the group) and
         // serving the partitions it has.
-        drive_restore(s, consumer)?;
+        drive_restore(s, consumer, lanes)?;
         // An overlapped commit that answered: its state writes start, and
         // the open cycle's transaction begins.
         land(s, consumer, None)?;
         s.reputation_turn()?;
-        let drained = msg.is_none();
         let restored = s.to_restore.is_empty() && s.restoring.is_none();
         if s.assigned_once && restored != s.metrics.is_ready() {
             s.metrics.set_ready(restored);
         }
-        match msg {
-            None => {}
-            Some(Err(e)) => {
-                if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
-                    return Err(ServiceError::kafka("consumer", e));
-                }
-                tracing::warn!("consumer error: {e}");
-            }
-            Some(Ok(m)) => {
-                if tp.0 != m.topic() {
-                    m.topic().clone_into(&mut tp.0);
-                }
-                tp.1 = m.partition();
-                if s.parts.contains_key(&tp) {
-                    let source = crate::kafka::vote_source(source_header(&m));
-                    s.handle(&tp, m.offset(), m.key(), m.payload(), source)?;
-                } else {
-                    // Fetched before its pause took effect: read again
-                    // from here (or the state's offset) once restored.
-                    not_restored(s, consumer, &tp, m.offset());
-                }
-            }
+        let mut drained = false;
+        let mut waiting = false;
+        match main {
+            Some(m) => take(s, consumer, &mut tp, m)?,
+            None => match lanes.next(consumer, |tp| {
+                s.parts.get(tp).map(|p| p.engine().watermark())
+            }) {
+                Pick::Record(m) => take(s, consumer, &mut tp, Ok(m))?,
+                Pick::Error(e) => take(s, consumer, &mut tp, Err(e))?,
+                Pick::Wait => waiting = true,
+                // Drained only if the main queue was polled too.
+                Pick::Drained if since_main == 1 => drained = true,
+                Pick::Drained => since_main = MAIN_EVERY,
+            },
         }
         s.cleanup_unowned();
         // Idle flush only once the consumer has nothing buffered: a backlog
@@ -340,7 +359,51 @@ fn poll_loop(consumer: &Consumer, cfg: &Config, stop: &AtomicBool) -> Result<()>
         if s.in_cycle() && (s.cycle_age() >= commit_every || full) && (!s.defers() || full) {
             commit_overlapped(s, consumer)?;
         }
-        landing = s.defers();
+        // While a commit is in flight the loop sleeps briefly, so that its
+        // answer is taken (and the next transaction begun) within ~2 ms
+        // rather than after an idle sleep's 50 ms.
+        let landing = s.defers();
+        if drained || waiting {
+            nap = Some(if landing || waiting {
+                LANDING_POLL
+            } else {
+                IDLE_POLL
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One record (or a consumer error) from the main queue or a lane.
+fn take(
+    s: &mut Session,
+    consumer: &Consumer,
+    tp: &mut Tp,
+    msg: KafkaResult<BorrowedMessage<'_>>,
+) -> Result<()> {
+    match msg {
+        // A partition's end matters to its lane only.
+        Err(KafkaError::PartitionEOF(_)) => {}
+        Err(e) => {
+            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal) {
+                return Err(ServiceError::kafka("consumer", e));
+            }
+            tracing::warn!("consumer error: {e}");
+        }
+        Ok(m) => {
+            if tp.0 != m.topic() {
+                m.topic().clone_into(&mut tp.0);
+            }
+            tp.1 = m.partition();
+            if s.parts.contains_key(tp) {
+                let source = crate::kafka::vote_source(source_header(&m));
+                s.handle(tp, m.offset(), m.key(), m.payload(), source)?;
+            } else {
+                // Fetched before its pause took effect: read again
+                // from here (or the state's offset) once restored.
+                not_restored(s, consumer, tp, m.offset());
+            }
+        }
     }
     Ok(())
 }

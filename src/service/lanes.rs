@@ -1,0 +1,288 @@
+//! The input partitions' own queues ("lanes"), read in event-time order.
+//!
+//! librdkafka hands one consumer every partition's records through one
+//! queue, in the order its fetches return them; a broker that serves some
+//! partitions faster than others makes their watermarks drift hours apart
+//! on a backlog (docs/PERFORMANCE.md). In `learned` mode an epoch seals only
+//! once every partition's watermark has passed it (SPEC §14), so a partition
+//! left behind holds the others' batches at the barrier, each written to
+//! RocksDB and deleted again. Kafka Streams picks the next record by
+//! timestamp across a task's partitions for the same reason.
+//!
+//! So each restored partition's fetch queue is split off
+//! (`split_partition_queue`, before the partition is resumed, so none of its
+//! records can be in the main queue), and the loop reads the lane whose
+//! partition's watermark is lowest. When that lane is empty while its
+//! partition has records the fetcher has not delivered yet, the loop waits
+//! for it (up to [`PATIENCE`]) rather than reading ahead elsewhere: the other
+//! lanes fill up to librdkafka's prefetch limit and stop being fetched, which
+//! is what lets the lagging partition's fetches through. A lane at its
+//! partition's end (or given up on) is passed over. The order is only a
+//! preference: answers never depend on it (the engine is deterministic in
+//! any interleaving of the partitions), only how much waits at the barrier.
+
+use std::ffi::CString;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Message as _};
+
+use super::client::Tp;
+use super::error::{Result, ServiceError};
+use crate::time::Nanos;
+
+/// How long the loop waits for the lowest partition's next records before
+/// it reads the other partitions regardless.
+const PATIENCE: Duration = Duration::from_millis(200);
+
+/// How far (in event time) the lane read last may run ahead of the next
+/// lowest before the lanes are compared again: a record-by-record order
+/// would cost a comparison of every lane per record, and a minute is
+/// little next to an epoch (SPEC §14's default: a day). The order only
+/// decides how much waits at the barrier, never an answer.
+const SLACK: Nanos = 60_000_000_000;
+
+/// What the lanes give next.
+pub enum Pick<'a> {
+    Record(BorrowedMessage<'a>),
+    /// The lowest partition's records are still being fetched.
+    Wait,
+    /// Every lane is empty, at its partition's end or given up on.
+    Drained,
+    Error(KafkaError),
+}
+
+/// The split-off queues of the partitions in service, and what wakes the
+/// loop when one of them (or the main queue) receives something.
+pub struct Lanes<C: ConsumerContext> {
+    /// Parallel to `lanes` (the records returned borrow the queues while the
+    /// lanes' bookkeeping changes).
+    queues: Vec<PartitionQueue<C>>,
+    lanes: Vec<Lane>,
+    /// Lane indexes and their watermarks, reused by each full pass.
+    order: Vec<usize>,
+    keys: Vec<Nanos>,
+    /// The lane read last, read again without a pass while its watermark
+    /// stays at or below `bound` (the next lowest's at the pass).
+    current: Option<usize>,
+    bound: Nanos,
+    wake: Arc<Wake>,
+}
+
+struct Lane {
+    tp: Tp,
+    topic: CString,
+    /// The offset after the last record delivered; -1 before the first.
+    next: i64,
+    /// The fetcher reported the partition's end since the last record.
+    at_end: bool,
+    /// Since when the loop waits for this lane.
+    waiting: Option<Instant>,
+}
+
+impl<C: ConsumerContext> Lanes<C> {
+    pub fn new() -> Lanes<C> {
+        Lanes {
+            queues: Vec::new(),
+            lanes: Vec::new(),
+            order: Vec::new(),
+            keys: Vec::new(),
+            current: None,
+            bound: Nanos::MIN,
+            wake: Arc::new(Wake::default()),
+        }
+    }
+
+    /// What the main queue's non-empty callback calls.
+    pub fn waker(&self) -> impl Fn() + Send + Sync + 'static {
+        let wake = self.wake.clone();
+        move || wake.notify()
+    }
+
+    /// Splits a partition's queue off, before the partition is resumed;
+    /// `next`: the offset it continues from (-1: unknown).
+    pub fn split(&mut self, consumer: &Arc<BaseConsumer<C>>, tp: &Tp, next: i64) -> Result<()> {
+        self.remove(tp);
+        let no_queue = || ServiceError::broker(format!("no queue for partition {}-{}", tp.0, tp.1));
+        let topic = CString::new(tp.0.as_str()).map_err(|_| no_queue())?;
+        let mut queue = consumer
+            .split_partition_queue(&tp.0, tp.1)
+            .ok_or_else(no_queue)?;
+        queue.set_nonempty_callback(self.waker());
+        self.queues.push(queue);
+        self.lanes.push(Lane {
+            tp: tp.clone(),
+            topic,
+            next,
+            at_end: false,
+            waiting: None,
+        });
+        Ok(())
+    }
+
+    fn remove(&mut self, tp: &Tp) {
+        if let Some(i) = self.lanes.iter().position(|l| &l.tp == tp) {
+            self.lanes.swap_remove(i);
+            self.queues.swap_remove(i);
+            self.current = None;
+        }
+    }
+
+    /// Sleeps until a queue receives something, at most `d`.
+    pub fn wait(&self, d: Duration) {
+        self.wake.wait(d);
+    }
+
+    /// The next record, from the lane whose partition's watermark is lowest
+    /// (`watermark`: `None` for a partition no longer in service, whose lane
+    /// is dropped; `Some(None)` for one without a vote yet, read first).
+    pub fn next(
+        &mut self,
+        consumer: &BaseConsumer<C>,
+        watermark: impl Fn(&Tp) -> Option<Option<Nanos>>,
+    ) -> Pick<'_> {
+        let key = |l: &Lane| watermark(&l.tp).map(|w| w.unwrap_or(Nanos::MIN));
+        let mut i = 0;
+        while i < self.lanes.len() {
+            if key(&self.lanes[i]).is_none() {
+                self.lanes.swap_remove(i);
+                self.queues.swap_remove(i);
+                self.current = None;
+            } else {
+                i += 1;
+            }
+        }
+        // The lane read last, while it is still no later than the others
+        // (by at most `SLACK`).
+        if let Some(c) = self.current.take() {
+            if key(&self.lanes[c]).is_some_and(|k| k <= self.bound.saturating_add(SLACK)) {
+                match self.queues[c].poll(Duration::ZERO) {
+                    Some(Ok(m)) => {
+                        self.lanes[c].delivered(&m);
+                        self.current = Some(c);
+                        return Pick::Record(m);
+                    }
+                    Some(Err(KafkaError::PartitionEOF(_))) => self.lanes[c].ended(),
+                    Some(Err(e)) => return Pick::Error(e),
+                    None => {}
+                }
+            }
+        }
+        self.keys.clear();
+        self.keys
+            .extend(self.lanes.iter().map(|l| key(l).unwrap_or(Nanos::MIN)));
+        self.order.clear();
+        self.order.extend(0..self.lanes.len());
+        self.order.sort_by_key(|&i| self.keys[i]);
+        let mut now = None;
+        for rank in 0..self.order.len() {
+            let i = self.order[rank];
+            loop {
+                match self.queues[i].poll(Duration::ZERO) {
+                    Some(Ok(m)) => {
+                        self.lanes[i].delivered(&m);
+                        self.current = Some(i);
+                        self.bound = self
+                            .order
+                            .get(rank + 1)
+                            .map_or(Nanos::MAX, |&j| self.keys[j]);
+                        return Pick::Record(m);
+                    }
+                    Some(Err(KafkaError::PartitionEOF(_))) => self.lanes[i].ended(),
+                    Some(Err(e)) => return Pick::Error(e),
+                    None => break,
+                }
+            }
+            let lane = &mut self.lanes[i];
+            if lane.caught_up(consumer) {
+                continue;
+            }
+            let now = *now.get_or_insert_with(Instant::now);
+            let since = *lane.waiting.get_or_insert(now);
+            if now.duration_since(since) < PATIENCE {
+                return Pick::Wait;
+            }
+        }
+        Pick::Drained
+    }
+}
+
+impl Lane {
+    fn delivered(&mut self, m: &BorrowedMessage<'_>) {
+        self.next = m.offset() + 1;
+        self.at_end = false;
+        self.waiting = None;
+    }
+
+    fn ended(&mut self) {
+        self.at_end = true;
+        self.waiting = None;
+    }
+
+    /// Whether the partition has nothing more to deliver now: its end was
+    /// reported, or librdkafka's last fetch put its end at most one offset
+    /// past the last record (that one can be a transaction's commit marker,
+    /// which is never delivered).
+    fn caught_up<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) -> bool {
+        self.at_end
+            || (self.next >= 0
+                && high_watermark(consumer, &self.topic, self.tp.1)
+                    .is_some_and(|hi| hi - self.next <= 1))
+    }
+}
+
+/// The partition's high watermark as of librdkafka's last fetch response,
+/// without a request. rust-rdkafka has only the blocking query to the
+/// broker (`fetch_watermarks`), too slow for a per-record decision, so this
+/// calls librdkafka's `rd_kafka_get_watermark_offsets` itself.
+fn high_watermark<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    topic: &CString,
+    partition: i32,
+) -> Option<i64> {
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is valid while `consumer` is borrowed; the
+    // topic is a NUL-terminated string and both out-pointers are valid for
+    // the call, which only reads the partition's cached offsets.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+        .then_some(high)
+}
+
+/// A flag and a condition variable: set by librdkafka's threads when a
+/// queue becomes non-empty, waited on by the loop when it has nothing to do.
+#[derive(Default)]
+struct Wake {
+    ready: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Wake {
+    fn notify(&self) {
+        *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.cv.notify_one();
+    }
+
+    fn wait(&self, d: Duration) {
+        let mut ready = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        if !*ready {
+            ready = self
+                .cv
+                .wait_timeout(ready, d)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        *ready = false;
+    }
+}
