@@ -66,7 +66,7 @@ pub struct Lanes<C: ConsumerContext> {
     order: Vec<usize>,
     keys: Vec<Nanos>,
     /// The lane read last, read again without a pass while its watermark
-    /// stays at or below `bound` (the next lowest's at the pass).
+    /// stays within `SLACK` of `bound` (the next lowest's at the pass).
     current: Option<usize>,
     bound: Nanos,
     wake: Arc<Wake>,
@@ -125,10 +125,14 @@ impl<C: ConsumerContext> Lanes<C> {
 
     fn remove(&mut self, tp: &Tp) {
         if let Some(i) = self.lanes.iter().position(|l| &l.tp == tp) {
-            self.lanes.swap_remove(i);
-            self.queues.swap_remove(i);
-            self.current = None;
+            self.drop_lane(i);
         }
+    }
+
+    fn drop_lane(&mut self, i: usize) {
+        self.lanes.swap_remove(i);
+        self.queues.swap_remove(i);
+        self.current = None;
     }
 
     /// Sleeps until a queue receives something, at most `d`.
@@ -148,9 +152,7 @@ impl<C: ConsumerContext> Lanes<C> {
         let mut i = 0;
         while i < self.lanes.len() {
             if key(&self.lanes[i]).is_none() {
-                self.lanes.swap_remove(i);
-                self.queues.swap_remove(i);
-                self.current = None;
+                self.drop_lane(i);
             } else {
                 i += 1;
             }
