@@ -35,8 +35,14 @@ use super::error::{Result, ServiceError};
 use crate::time::Nanos;
 
 /// How long the loop waits for the lowest partition's next records before
-/// it reads the other partitions regardless.
-const PATIENCE: Duration = Duration::from_millis(200);
+/// it reads the other partitions regardless (until that partition delivers
+/// again). Long enough for a partition's first fetch after its assignment
+/// (an offset lookup, then a fetch the broker may hold for librdkafka's
+/// `fetch.wait.max.ms`, 500 ms by default): with 200 ms, one partition of a
+/// backlog ran 4 hours of event time ahead of the others at the start
+/// (docs/PERFORMANCE.md). It only delays: a partition at its end is never
+/// waited for.
+const PATIENCE: Duration = Duration::from_millis(2000);
 
 /// How far (in event time) the lane read last may run ahead of the next
 /// lowest before the lanes are compared again: a record-by-record order
@@ -69,6 +75,8 @@ pub struct Lanes<C: ConsumerContext> {
     /// stays within `SLACK` of `bound` (the next lowest's at the pass).
     current: Option<usize>,
     bound: Nanos,
+    /// A lane's partition has left: drop such lanes before the next poll.
+    prune: bool,
     wake: Arc<Wake>,
 }
 
@@ -92,6 +100,7 @@ impl<C: ConsumerContext> Lanes<C> {
             keys: Vec::new(),
             current: None,
             bound: Nanos::MIN,
+            prune: false,
             wake: Arc::new(Wake::default()),
         }
     }
@@ -149,35 +158,54 @@ impl<C: ConsumerContext> Lanes<C> {
         watermark: impl Fn(&Tp) -> Option<Option<Nanos>>,
     ) -> Pick<'_> {
         let key = |l: &Lane| watermark(&l.tp).map(|w| w.unwrap_or(Nanos::MIN));
-        let mut i = 0;
-        while i < self.lanes.len() {
-            if key(&self.lanes[i]).is_none() {
-                self.drop_lane(i);
-            } else {
-                i += 1;
+        // Lanes whose partition left, seen by the call before: dropped before
+        // any poll (the record returned borrows the queues).
+        if std::mem::take(&mut self.prune) {
+            let mut i = 0;
+            while i < self.lanes.len() {
+                if key(&self.lanes[i]).is_none() {
+                    self.drop_lane(i);
+                } else {
+                    i += 1;
+                }
             }
         }
         // The lane read last, while it is still no later than the others
         // (by at most `SLACK`).
         if let Some(c) = self.current.take() {
-            if key(&self.lanes[c]).is_some_and(|k| k <= self.bound.saturating_add(SLACK)) {
-                match self.queues[c].poll(Duration::ZERO) {
-                    Some(Ok(m)) => {
-                        self.lanes[c].delivered(&m);
-                        self.current = Some(c);
-                        return Pick::Record(m);
+            match key(&self.lanes[c]) {
+                None => self.prune = true,
+                Some(k) if k <= self.bound.saturating_add(SLACK) => {
+                    match self.queues[c].poll(Duration::ZERO) {
+                        Some(Ok(m)) => {
+                            self.lanes[c].delivered(&m);
+                            self.current = Some(c);
+                            return Pick::Record(m);
+                        }
+                        Some(Err(KafkaError::PartitionEOF(_))) => self.lanes[c].ended(),
+                        Some(Err(e)) => return Pick::Error(e),
+                        None => {}
                     }
-                    Some(Err(KafkaError::PartitionEOF(_))) => self.lanes[c].ended(),
-                    Some(Err(e)) => return Pick::Error(e),
-                    None => {}
+                }
+                Some(_) => {}
+            }
+        }
+        // A full pass, lowest watermark first; a lane whose partition left
+        // is passed over (and dropped by the next call).
+        self.keys.clear();
+        self.order.clear();
+        for (i, lane) in self.lanes.iter().enumerate() {
+            match key(lane) {
+                Some(k) => {
+                    self.keys.push(k);
+                    self.order.push(i);
+                }
+                None => {
+                    self.keys.push(Nanos::MIN);
+                    self.prune = true;
                 }
             }
         }
-        self.keys.clear();
-        self.keys
-            .extend(self.lanes.iter().map(|l| key(l).unwrap_or(Nanos::MIN)));
-        self.order.clear();
-        self.order.extend(0..self.lanes.len());
         self.order.sort_by_key(|&i| self.keys[i]);
         let mut now = None;
         for rank in 0..self.order.len() {
