@@ -189,12 +189,16 @@ impl Store {
             self.db
                 .delete(position_key(INCOMPLETE))
                 .map_err(|e| self.rocks(e))?;
-            return self.flush();
+            self.flush()?;
+        } else {
+            self.write_with(bulk, &WriteOptions::default())?;
+            self.db
+                .delete(position_key(INCOMPLETE))
+                .map_err(|e| self.rocks(e))?;
+            self.db.flush_wal(true).map_err(|e| self.rocks(e))?;
         }
-        self.write_with(bulk, &WriteOptions::default())?;
-        self.db
-            .delete(position_key(INCOMPLETE))
-            .map_err(|e| self.rocks(e))?;
-        self.db.flush_wal(true).map_err(|e| self.rocks(e))
+        // Durable now: compaction may drop the sealed epochs' open values.
+        self.seal_durable();
+        Ok(())
     }
 }

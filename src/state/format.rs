@@ -286,6 +286,42 @@ pub fn series_open_epochs(v: &[u8]) -> Result<smallvec::SmallVec<[Epoch; 2]>, Fo
     Ok(epochs)
 }
 
+/// Writes into `out` a series' value (format 10 on) without its open
+/// values of the epochs up to `sealed`, if it holds any; `false` when
+/// there is nothing to take out or the value is not a format-10 series
+/// (compaction keeps such a value as it is; a reader reports it). The
+/// format byte and the state's bytes are kept as they are.
+pub fn strip_sealed(v: &[u8], sealed: Epoch, out: &mut Vec<u8>) -> bool {
+    let Ok((format, bytes)) = payload(v) else {
+        return false;
+    };
+    if format < 10 {
+        return false;
+    }
+    let Ok((_, rest)) = postcard::take_from_bytes::<SeriesIn>(bytes) else {
+        return false;
+    };
+    let Ok(open) = postcard::from_bytes::<OpenRef<'_>>(rest) else {
+        return false;
+    };
+    if !open.iter().any(|&(epoch, ..)| epoch <= sealed) {
+        return false;
+    }
+    out.clear();
+    out.extend_from_slice(&v[..v.len() - rest.len()]);
+    let kept: OpenRef<'_> = open
+        .into_iter()
+        .filter(|&(epoch, ..)| epoch > sealed)
+        .collect();
+    match postcard::to_extend(&kept, std::mem::take(out)) {
+        Ok(bytes) => {
+            *out = bytes;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// A series' open values: (epoch, reviewer, value) each.
 pub type SeriesOpen = Vec<(Epoch, Id, OpenValue)>;
 

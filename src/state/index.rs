@@ -81,17 +81,26 @@ impl Store {
         self.epochs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Lets compaction drop the open values of every epoch this store has
+    /// sealed: call once the writes that sealed them are durable.
+    pub(super) fn seal_durable(&self) {
+        if let Epochs::On(_, cleared) = &*self.epochs() {
+            self.sealed.set(*cleared);
+        }
+    }
+
     /// Deletes, in `wb`, the `j` entries of every epoch up to `sealed`
-    /// (one range), if not done yet: their values are sealed.
-    pub(super) fn clear_sealed(&self, wb: &mut WriteBatch, sealed: Option<Epoch>) {
-        let Some(sealed) = sealed else {
-            return;
-        };
-        if let Epochs::On(_, cleared) = &mut *self.epochs() {
-            if sealed > *cleared {
+    /// (one range), if not done yet: their values are sealed. Returns the
+    /// epoch if `wb` now seals it.
+    pub(super) fn clear_sealed(&self, wb: &mut WriteBatch, sealed: Option<Epoch>) -> Option<Epoch> {
+        let sealed = sealed?;
+        match &mut *self.epochs() {
+            Epochs::On(_, cleared) if sealed > *cleared => {
                 wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
                 *cleared = sealed;
+                Some(sealed)
             }
+            _ => None,
         }
     }
 }

@@ -149,9 +149,15 @@ impl Store {
             Epochs::Off
         };
         if let Some(sealed) = sealed {
+            // Synced: a changelog restore just before may have written the
+            // meta that seals these epochs, and only a durable seal lets
+            // compaction drop their open values (`strip`).
             let mut wb = rocksdb::WriteBatch::default();
             wb.delete_range(&b"j"[..], &open_index_from(sealed + 1)[..]);
-            self.db.write(wb).map_err(|e| self.rocks(e))?;
+            let mut opts = rocksdb::WriteOptions::default();
+            opts.set_sync(true);
+            self.db.write_opt(wb, &opts).map_err(|e| self.rocks(e))?;
+            self.seal_durable();
         }
         // Each unit (a series' values of an epoch) an older record holds,
         // with its values: a format-8 `e` record holds one, a format-9 `h`

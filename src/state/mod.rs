@@ -68,6 +68,7 @@ mod legacy;
 mod load;
 pub use load::{Loaded, RestoreStats};
 mod query;
+mod strip;
 mod upgrade;
 pub use bulk::BulkWrite;
 pub use format::{decode_value, encode_value, FormatError};
@@ -141,7 +142,7 @@ fn write_buffers() -> &'static WriteBufferManager {
 /// Options of a partition database: bloom filters so that looking up a
 /// new vote's identity (the common case, a miss) rarely reads a block;
 /// small memtables so that memory stays flat with many partitions.
-fn options(temporary: bool) -> Options {
+fn options(temporary: bool, sealed: &strip::Sealed) -> Options {
     let mut bb = BlockBasedOptions::default();
     bb.set_bloom_filter(10.0, false);
     bb.set_whole_key_filtering(true);
@@ -194,6 +195,10 @@ fn options(temporary: bool) -> Options {
     // filters, which stay pinned in the cache.
     opts.set_level_zero_file_num_compaction_trigger(8);
     opts.set_write_buffer_manager(write_buffers());
+    // A temporary state's series values carry no open values.
+    if !temporary {
+        opts.set_compaction_filter_factory(strip::StripFactory(sealed.clone()));
+    }
     opts
 }
 
@@ -216,6 +221,9 @@ pub struct Store {
     legacy: bool,
     /// SPEC §14's epochs, as a load tells them.
     epochs: std::sync::Mutex<Epochs>,
+    /// The newest epoch whose seal is durable here: compaction takes the
+    /// open values of it and older epochs out of series values.
+    sealed: strip::Sealed,
 }
 
 impl Store {
@@ -233,10 +241,12 @@ impl Store {
     }
 
     fn open_with(path: &Path, temporary: bool) -> Result<Store, StoreError> {
-        let db = DB::open(&options(temporary), path).map_err(|source| StoreError::Rocks {
-            path: path.to_owned(),
-            source,
-        })?;
+        let sealed = strip::Sealed::default();
+        let db =
+            DB::open(&options(temporary, &sealed), path).map_err(|source| StoreError::Rocks {
+                path: path.to_owned(),
+                source,
+            })?;
         let store = Store {
             db,
             path: path.to_owned(),
@@ -245,6 +255,7 @@ impl Store {
             unlogged: false.into(),
             legacy: false,
             epochs: Default::default(),
+            sealed,
         };
         store.upgrade()?;
         if let Some(v) = store.get(SWEEP_KEY)? {
@@ -270,6 +281,7 @@ impl Store {
             unlogged: false.into(),
             legacy: false,
             epochs: Default::default(),
+            sealed: Default::default(),
         };
         store.legacy = store.position(FORMAT_POS)?.unwrap_or(0) < TAGGED_VERSION;
         Ok(store)
@@ -428,11 +440,19 @@ impl Store {
         let earliest = sort_puts(&mut all);
         let mut wb = WriteBatch::default();
         put_all(&mut wb, &all);
-        self.clear_sealed(&mut wb, derived.sealed);
+        let sealed = self.clear_sealed(&mut wb, derived.sealed);
         for (name, value) in positions {
             wb.put(position_key(name), value.to_le_bytes());
         }
-        self.write_lowering(wb, earliest, &WriteOptions::default())
+        // The write that seals an epoch (once an epoch) is synced, and only
+        // then may compaction drop the epoch's open values (`strip`).
+        let mut opts = WriteOptions::default();
+        opts.set_sync(sealed.is_some());
+        self.write_lowering(wb, earliest, &opts)?;
+        if let Some(epoch) = sealed {
+            self.sealed.set(epoch);
+        }
+        Ok(())
     }
 
     /// Writes `wb`; an index entry in it before the sweep's start (`earliest`,

@@ -998,3 +998,92 @@ fn format_9_units_are_read_until_their_series_is_written() {
     let (engine, _) = store.load(cfg).unwrap();
     assert_eq!(engine.open_values(), 1, "the new day's");
 }
+
+/// A seal leaves its epoch's open values in the series records it does
+/// not rewrite; compaction takes them out once the seal is durable, keeps
+/// the series' state byte for byte and every open epoch's values.
+#[test]
+fn compaction_drops_sealed_open_values_and_keeps_the_rest() {
+    // Hour-long epochs: a batch closes (its series written) long before
+    // its epoch is sealed.
+    let (mut cfg, opts, dir, t0, _) = learned_setup();
+    cfg.reputation.epoch_ns = 3600 * 1_000_000_000;
+    let epoch = cfg.reputation.epoch_of(t0);
+    let store = Store::open(dir.path()).unwrap();
+    let (mut engine, _) = store.load(cfg.clone()).unwrap();
+    let vote = |inf: &str, voter: &str, at: &str| {
+        format!(
+            r#"{{"inference_id":"{inf}","voter_id":"{voter}","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-0{at}Z"}}"#
+        )
+    };
+    for (inf, voter, at) in [
+        ("i1", "a", "1T00:00:01"),
+        ("i1", "b", "1T00:00:02"),
+        ("i2", "a", "1T00:00:03"),
+        // Closes the batches of i1 and i2, whose epoch stays open.
+        ("i3", "a", "1T00:10:00"),
+    ] {
+        let records = vote_and_encode(&store, &mut engine, &opts, vote(inf, voter, at).as_bytes());
+        store.apply(&records, &[]).unwrap();
+    }
+    let stored = |inf: &str| {
+        store
+            .get(&stored_key(inf))
+            .unwrap()
+            .expect("the series is stored")
+    };
+    let epochs_of = |v: &[u8]| -> Vec<_> {
+        let open = format::decode_series_open(v).unwrap().expect("format 10");
+        open.into_iter().map(|(e, ..)| e).collect()
+    };
+    let compact = || store.db.compact_range::<&[u8], &[u8]>(None, None);
+
+    // Not sealed yet: compaction keeps every value.
+    compact();
+    assert_eq!(epochs_of(&stored("i1")), [epoch, epoch]);
+
+    // A vote a day later seals the epoch; i1 is not written again.
+    let records = vote_and_encode(
+        &store,
+        &mut engine,
+        &opts,
+        vote("i2", "c", "2T00:00:01").as_bytes(),
+    );
+    assert!(records.iter().all(|(k, _)| *k != stored_key("i1")));
+    store.apply(&records, &[]).unwrap();
+    let before = stored("i1");
+    assert_eq!(
+        epochs_of(&before),
+        [epoch, epoch],
+        "a seal does not rewrite"
+    );
+    let i2 = epochs_of(&stored("i2"));
+    assert!(
+        i2.len() == 1 && i2[0] > epoch,
+        "i2 holds only its open epoch's value: {i2:?}"
+    );
+
+    compact();
+    let after = stored("i1");
+    assert!(epochs_of(&after).is_empty(), "the sealed values are gone");
+    assert!(after.len() < before.len());
+    assert_eq!(
+        after,
+        series_value(&format::decode_series(&before).unwrap()),
+        "the state is kept as it was"
+    );
+    assert_eq!(
+        epochs_of(&stored("i2")),
+        i2,
+        "an open epoch's value is kept"
+    );
+    let (engine, _) = store.load(cfg).unwrap();
+    assert_eq!(engine.open_values(), 1, "i2's of the new day");
+}
+
+fn stored_key(inf: &str) -> Vec<u8> {
+    series_key_bytes(&SeriesKey {
+        inference_id: inf.into(),
+        voter_prompt_id: "r".into(),
+    })
+}
