@@ -12,7 +12,8 @@
 # from its start until its group committed every input offset; CPU = the
 # process's user + system time; and, sampled from its metrics, the most
 # batches waiting at SPEC §14's barrier and the widest spread of its
-# partitions' watermarks (how far the backlog's partitions drift apart).
+# partitions' watermarks (how far the backlog's partitions drift apart);
+# and the size of the state's SST files after its clean stop.
 # LIVE=1 (with KAFKA=1) also measures `run` at a live rate: votes produced
 # at LIVE_RATE votes/s (default 20000) for LIVE_SECONDS (default 30) to a
 # fresh topic that a fresh `run` in each mode consumes as they come, turn
@@ -127,24 +128,28 @@ if [ "${KAFKA:-0}" = 1 ]; then
             wait "$sampler" 2>/dev/null || true
             kill -TERM "$pid"
             wait "$pid" || true
+            # The state after a clean stop: its SST files (sealed epochs'
+            # open values leave as compaction reaches their series).
+            sst=$(find "$state" -name '*.sst' -printf '%s\n' | awk '{ s += $1 } END { printf "%.1f", s / 1e6 }')
             rm -rf "$state"
-            python3 -c 'import sys; s, e, t, k = map(float, sys.argv[2:6]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f} {sys.argv[6]}")' \
+            python3 -c 'import sys; s, e, t, k = map(float, sys.argv[2:6]); print(f"{sys.argv[1]} {e - s:.3f} {t / k:.2f} {sys.argv[6]} {sys.argv[7]}")' \
                 "run-$mode" "$start" "$end" "$ticks" "$(getconf CLK_TCK)" \
-                "$(tail -1 "$WORK/$group.waiting" | tr ' ' , | grep . || echo 0,0)"
+                "$(tail -1 "$WORK/$group.waiting" | tr ' ' , | grep . || echo 0,0)" "$sst"
         done
     done | python3 -c '
 import sys
 rows = {}
 for line in sys.stdin:
-    label, secs, cpu, waiting = line.split()
-    rows.setdefault(label, []).append((float(secs), float(cpu), waiting))
+    label, secs, cpu, waiting, sst = line.split()
+    rows.setdefault(label, []).append((float(secs), float(cpu), waiting, float(sst)))
 off = min(r[0] for r in rows["run-off"])
 off_cpu = min(r[1] for r in rows["run-off"])
 for label, rs in rows.items():
     best = min(r[0] for r in rs); cpu = min(r[1] for r in rs)
+    sst = sum(r[3] for r in rs) / len(rs)
     print(f"{label:12s} best of {len(rs)}: {best:.2f} s wall ({best / off:.3f} x off), "
-          f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off); per run, most batches waiting at the "
-          f"barrier, widest watermark spread (min): {[r[2] for r in rs]}")
+          f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off), state {sst:.1f} MB of SST files at the end (mean); "
+          f"per run, most batches waiting at the barrier, widest watermark spread (min): {[r[2] for r in rs]}")
 '
 fi
 
