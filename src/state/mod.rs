@@ -449,8 +449,8 @@ impl Store {
         let mut opts = WriteOptions::default();
         opts.set_sync(sealed.is_some());
         self.write_lowering(wb, earliest, &opts)?;
-        if let Some(epoch) = sealed {
-            self.sealed.set(epoch);
+        if sealed.is_some() {
+            self.seal_durable();
         }
         Ok(())
     }
