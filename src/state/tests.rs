@@ -1096,7 +1096,7 @@ fn stored_key(inf: &str) -> Vec<u8> {
 /// events, learned weights included, are the same.
 #[test]
 fn compaction_after_every_write_changes_no_event() {
-    let (mut cfg, opts, _, _, _) = learned_setup();
+    let (mut cfg, opts, _, t0, _) = learned_setup();
     cfg.reputation.epoch_ns = 3600 * 1_000_000_000;
     let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
     let stores = dirs.each_ref().map(|d| Store::open(d.path()).unwrap());
@@ -1144,7 +1144,7 @@ fn compaction_after_every_write_changes_no_event() {
     // The first hour's values, long sealed, stay in the series records of
     // the store never compacted by hand (a few L0 files, below RocksDB's
     // trigger), and are gone from the other.
-    let first = cfg.reputation.epoch_of(1_704_067_200_000_000_000);
+    let first = cfg.reputation.epoch_of(t0);
     let lingering = |store: &Store| {
         let mut n = 0;
         for item in store.prefix(b"s") {
