@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # SPEC §14 cost (issue 40): `jurystream replay` of the benchmark file in
 # reputation.mode off, shadow and learned, turn about, best of ROUNDS, and
-# what the open epochs add to the state and to the peak RSS.
+# what the open epochs add to the state and to the peak RSS. Turn about in
+# alternating order (off shadow learned, then learned shadow off, ...), and
+# each measure is also fitted with a drift across the runs
+# (scripts/turnabout.py: each mode × off with one standard error): on a
+# shared machine the runs' cost drifts, and a fixed order would charge the
+# drift to the mode that always runs last.
 #   scripts/bench-reputation.sh [VOTES]     (default 1000000)
 # EPOCH_SECONDS (default 3600: the 6-hour file spans 6 epochs, so tables
 # are built and used); ROUNDS (default 3); JURYSTREAM_BIN=PATH measures
@@ -37,6 +42,10 @@ for mode in off shadow learned; do
         "$mode" "$EPOCH" > "$WORK/rep-$mode.toml"
 done
 cat "$INPUT" > /dev/null
+# The modes in round $1's order: odd rounds forward, even rounds backward.
+modes_of_round() { if [ $(($1 % 2)) = 1 ]; then echo off shadow learned; else echo learned shadow off; fi; }
+# fit LABEL_FIELD COST_FIELD FILE: the drift-fitted ratios of FILE's runs.
+fit() { awk -v l="$1" -v c="$2" '{ print $l, $c }' "$3" | python3 scripts/turnabout.py; }
 measure() { # label cmd...
     local label="$1"; shift
     /usr/bin/time -f "%e %U %S %M" -o "$WORK/time.txt" "$@" > "$WORK/$label.out" 2> "$WORK/$label.err"
@@ -44,10 +53,10 @@ measure() { # label cmd...
     echo "$label $secs $(python3 -c "print($user + $sys)") $kb $(wc -l < "$WORK/$label.out")"
 }
 for i in $(seq "$ROUNDS"); do
-    for mode in off shadow learned; do
+    for mode in $(modes_of_round "$i"); do
         measure "$mode" "$BIN" replay --config "$WORK/rep-$mode.toml" --input "$INPUT"
     done
-done | python3 -c '
+done | tee "$WORK/replay-runs.txt" | python3 -c '
 import sys
 rows = {}
 for line in sys.stdin:
@@ -61,6 +70,7 @@ for label, rs in rows.items():
           f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off), peak RSS {max(r[2] for r in rs) / 1024:.0f} MiB, "
           f"{rs[0][3]} events")
 '
+echo "replay, CPU:"; fit 1 3 "$WORK/replay-runs.txt"
 # The state the open epochs add: the file replayed into a state directory
 # with --keep-open (its batches and the last epochs stay open), default
 # day-long epochs so that nothing of the 6-hour file is sealed: every
@@ -104,7 +114,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
     preload "$BIN" "$RUN" "$INPUT" at_least_once "$BROKERS" "$WORK"
     TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
     for i in $(seq "$ROUNDS"); do
-        for mode in off shadow learned; do
+        for mode in $(modes_of_round "$i"); do
             group="$RUN-$mode-$i"
             state="$WORK/state-$group"
             {
@@ -136,7 +146,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
                 "run-$mode" "$start" "$end" "$ticks" "$(getconf CLK_TCK)" \
                 "$(tail -1 "$WORK/$group.waiting" | tr ' ' , | grep . || echo 0,0)" "$sst"
         done
-    done | python3 -c '
+    done | tee "$WORK/run-runs.txt" | python3 -c '
 import sys
 rows = {}
 for line in sys.stdin:
@@ -151,6 +161,7 @@ for label, rs in rows.items():
           f"{cpu:.2f} CPU-s ({cpu / off_cpu:.3f} x off), state {sst:.1f} MB of SST files at the end (mean); "
           f"per run, most batches waiting at the barrier, widest watermark spread (min): {[r[2] for r in rs]}")
 '
+    echo "run, CPU:"; fit 1 3 "$WORK/run-runs.txt"
 fi
 
 if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
@@ -158,7 +169,7 @@ if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
     SECONDS_LIVE="${LIVE_SECONDS:-30}"
     cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
     for i in $(seq "$ROUNDS"); do
-        for mode in off shadow learned; do
+        for mode in $(modes_of_round "$i"); do
             live="$RUN-live-$mode-$i"
             state="$WORK/state-$live"
             listen="127.0.0.1:$((PORT + 100))"
@@ -185,7 +196,7 @@ if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
             python3 -c 'import sys; t, k, n = map(float, sys.argv[2:5]); print(f"{sys.argv[1]} {t / k / n * 1e6:.2f} {n:.0f}")' \
                 "live-$mode" "$((t1 - t0))" "$(getconf CLK_TCK)" "$produced"
         done
-    done | python3 -c '
+    done | tee "$WORK/live-runs.txt" | python3 -c '
 import sys
 rows = {}
 for line in sys.stdin:
@@ -196,4 +207,5 @@ for label, rs in rows.items():
     every = ", ".join(f"{r:.2f}" for r in rs)
     print(f"{label:12s} best of {len(rs)}: {min(rs):.2f} CPU-s per M votes ({min(rs) / off:.3f} x off), all: {every}")
 '
+    echo "run live, CPU per M votes:"; fit 1 2 "$WORK/live-runs.txt"
 fi
