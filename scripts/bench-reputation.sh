@@ -13,7 +13,8 @@
 # that binary instead of building one.
 # KAFKA=1 also measures `jurystream run` (at_least_once, 4 partitions, the
 # test broker of scripts/broker.sh) in each mode, turn about, ROUNDS
-# rounds, each a fresh group and state directory on one preloaded topic:
+# rounds, each round on a fresh broker and preloaded topic, each run a
+# fresh group and state directory:
 # from its start until its group committed every input offset; CPU = the
 # process's user + system time; and, sampled from its metrics, the most
 # batches waiting at SPEC §14's barrier and the widest spread of its
@@ -91,7 +92,6 @@ if [ "${KAFKA:-0}" = 1 ]; then
     scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
     scripts/broker.sh start "$PORT"
     trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
-    RUN="rep$$"
     LISTEN="127.0.0.1:$((PORT + 100))"
     # sample LISTEN PID: "waiting drift" lines (the most batches waiting at
     # SPEC §14's barrier, the widest spread of partition watermarks in
@@ -111,9 +111,18 @@ if [ "${KAFKA:-0}" = 1 ]; then
             sleep 0.5
         done
     }
-    preload "$BIN" "$RUN" "$INPUT" at_least_once "$BROKERS" "$WORK"
     TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
     for i in $(seq "$ROUNDS"); do
+        # A fresh broker and topic each round: the test broker keeps every
+        # topic in memory, and each run on a broker that holds the earlier
+        # ones costs more than the one before (PERFORMANCE.md, "Turn about
+        # in alternating order").
+        if [ "$i" -gt 1 ]; then
+            scripts/broker.sh stop "$PORT" >/dev/null
+            scripts/broker.sh start "$PORT" >/dev/null
+        fi
+        RUN="rep$$r$i"
+        preload "$BIN" "$RUN" "$INPUT" at_least_once "$BROKERS" "$WORK" >&2
         for mode in $(modes_of_round "$i"); do
             group="$RUN-$mode-$i"
             state="$WORK/state-$group"
