@@ -92,6 +92,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
     scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
     scripts/broker.sh start "$PORT"
     trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+    RUN="rep$$"
     LISTEN="127.0.0.1:$((PORT + 100))"
     # sample LISTEN PID: "waiting drift" lines (the most batches waiting at
     # SPEC §14's barrier, the widest spread of partition watermarks in
@@ -121,13 +122,14 @@ if [ "${KAFKA:-0}" = 1 ]; then
             scripts/broker.sh stop "$PORT" >/dev/null
             scripts/broker.sh start "$PORT" >/dev/null
         fi
-        RUN="rep$$r$i"
-        preload "$BIN" "$RUN" "$INPUT" at_least_once "$BROKERS" "$WORK" >&2
+        # This round's topic and groups ($RUN names the benchmark's).
+        round="$RUN-r$i"
+        preload "$BIN" "$round" "$INPUT" at_least_once "$BROKERS" "$WORK" >&2
         for mode in $(modes_of_round "$i"); do
-            group="$RUN-$mode-$i"
+            group="$round-$mode"
             state="$WORK/state-$group"
             {
-                service_config "$RUN" "$group" "$state" "$LISTEN" at_least_once "$BROKERS" \
+                service_config "$round" "$group" "$state" "$LISTEN" at_least_once "$BROKERS" \
                     | sed 's/^\[batching\]$/[batching]\nwindow_seconds = 60/'
                 printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' \
                     "$mode" "$EPOCH" "$group"
@@ -140,7 +142,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
             # partitions' watermarks are (minutes), sampled twice a second.
             sample "$LISTEN" "$pid" > "$WORK/$group.waiting" &
             sampler=$!
-            "$HELPER" wait "$BROKERS" "$RUN-votes" "$group" "$TOTAL" > /dev/null
+            "$HELPER" wait "$BROKERS" "$round-votes" "$group" "$TOTAL" > /dev/null
             end=$(date +%s.%N)
             ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat")
             kill "$sampler" 2>/dev/null || true
