@@ -432,13 +432,24 @@ fn assert_one_value_per_key(bootstrap: &str, topic: &str, strict: bool) {
 /// the same transactional id: nothing is lost (every event of the replay is
 /// in the output), and whatever is there besides (copies, or events a
 /// killed cycle emitted that its redo emits otherwise) comes from the
-/// cycles the kills left open: at most `kills` cycles of each input
-/// partition (by the events' origin headers). On Apache Kafka the restart's
-/// init_transactions aborts the open transaction and nothing is there
-/// besides; the test broker makes its records visible instead
-/// (docs/testing.md), and the redo of such a cycle need not close the same
-/// batches (an idle flush in the killed process may have closed a window
-/// the redo closes later, with more votes).
+/// cycles the kills left open: at most `kills` runs of consecutive cycle
+/// numbers in each input partition (by the events' origin headers). On
+/// Apache Kafka the restart's init_transactions aborts the open transaction
+/// and nothing is there besides; the test broker makes its records visible
+/// instead (docs/testing.md), and the redo of such a cycle need not close
+/// the same batches (an idle flush in the killed process may have closed a
+/// window the redo closes later, with more votes).
+///
+/// Runs, not cycles: a partition also commits cycles that read no input (a
+/// restart's first, and in `learned` mode one that only applies what the
+/// reputation topic brought: a group seal, the batches it releases), at
+/// moments that depend on the broker's timing, so two instances may number
+/// the same input's cycle one apart, and one kill's open transaction can
+/// show up under two adjacent numbers. Seen in one run: the events of a
+/// killed instance's cycle 9 again in the restart's 10, those of its 10 in
+/// the restart's 9 (the killed instance released waiting batches, then
+/// read input; the restart the other way round). In another, traced at debug level, every restart began at the
+/// input offset its predecessor last committed: nothing was read twice.
 fn assert_copies_only_of_killed_cycles(
     setup: &Setup,
     expected: &[serde_json::Value],
@@ -460,34 +471,59 @@ fn assert_copies_only_of_killed_cycles(
     // transaction's copy is the earlier one in that partition, and the
     // redo's may carry the next cycle's number (the redo's cycles need not
     // end where the killed one did), so the extra copy is the first read.
-    let mut origins: HashMap<String, std::collections::VecDeque<(i32, u64)>> = HashMap::new();
+    let mut origins: HashMap<String, std::collections::VecDeque<&Record>> = HashMap::new();
     for r in &records {
-        let at = r.cycle().expect("every event has an origin header");
-        origins
-            .entry(normalize(&r.value))
-            .or_default()
-            .push_back(at);
+        origins.entry(normalize(&r.value)).or_default().push_back(r);
     }
-    let mut extra_cycles: HashMap<i32, std::collections::BTreeSet<u64>> = HashMap::new();
+    // Per input partition and cycle, the extra copies (for the message).
+    let mut extra_cycles: HashMap<i32, std::collections::BTreeMap<u64, Vec<String>>> =
+        HashMap::new();
     for e in &extra {
-        let at = origins
-            .get_mut(*e)
-            .and_then(|v| v.pop_front())
-            .expect("an extra event was read");
-        extra_cycles.entry(at.0).or_default().insert(at.1);
+        let copies = origins.get_mut(*e).expect("an extra event was read");
+        let others: Vec<String> = copies
+            .iter()
+            .skip(1)
+            .map(|r| format!("{}@{}", r.origin.as_deref().unwrap_or("?"), r.offset))
+            .collect();
+        let r = copies.pop_front().expect("an extra event was read");
+        let at = r.cycle().expect("every event has an origin header");
+        extra_cycles
+            .entry(at.0)
+            .or_default()
+            .entry(at.1)
+            .or_default()
+            .push(format!(
+                "{} {}[{}]@{} {} {} (other copies: {others:?})",
+                r.origin.as_deref().unwrap_or("?"),
+                r.topic,
+                r.partition,
+                r.offset,
+                r.value["type"],
+                r.value["inference_id"],
+            ));
     }
     for (partition, cycles) in &extra_cycles {
+        let numbers: Vec<u64> = cycles.keys().copied().collect();
+        let runs = 1 + numbers.windows(2).filter(|w| w[1] > w[0] + 1).count();
         assert!(
-            cycles.len() <= kills,
-            "input partition {partition}: events besides the replay's in {} cycles {cycles:?}, \
-             more than the {kills} kills left open",
-            cycles.len()
+            runs <= kills,
+            "input partition {partition}: events besides the replay's in {runs} runs of \
+             cycles {:?}, more than the {kills} kills left open; the first of each cycle: {:#?}",
+            cycles.keys().collect::<Vec<_>>(),
+            cycles
+                .iter()
+                .map(|(c, v)| (c, v.len(), v.iter().take(3).collect::<Vec<_>>()))
+                .collect::<Vec<_>>()
         );
     }
     eprintln!(
         "{} events besides the replay's, from open transactions the broker made visible, in \
-         cycles {extra_cycles:?} ({} expected)",
+         cycles {:?} ({} expected)",
         extra.len(),
+        extra_cycles
+            .iter()
+            .map(|(p, c)| (p, c.keys().collect::<Vec<_>>()))
+            .collect::<Vec<_>>(),
         expected.len()
     );
 }
