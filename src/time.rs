@@ -170,6 +170,16 @@ pub fn parse_timestamp(s: &str) -> Result<Nanos, TimeError> {
     Ok(i128::from(secs) * NANOS_PER_SEC + frac)
 }
 
+/// `a.div_euclid(b)`, in i64 when both fit and `b` > 0: i128 division is
+/// a library call (`__divti3`), several times dearer, and windows and
+/// epochs divide every vote's time.
+pub fn div_euclid(a: Nanos, b: Nanos) -> Nanos {
+    match (i64::try_from(a), i64::try_from(b)) {
+        (Ok(a), Ok(b)) if b > 0 => a.div_euclid(b).into(),
+        _ => a.div_euclid(b),
+    }
+}
+
 /// RFC 3339 in UTC with `Z`, exact to the nanosecond; the fraction is
 /// printed only as far as it is non-zero.
 pub fn format_timestamp(t: Nanos) -> String {
@@ -187,10 +197,14 @@ pub fn write_timestamp(out: &mut String, t: Nanos) {
 /// [`format_timestamp`] of `t` in a buffer on the stack: its first `n`
 /// bytes (ASCII).
 pub fn timestamp_bytes(t: Nanos) -> ([u8; 40], usize) {
-    let secs = t.div_euclid(NANOS_PER_SEC);
-    let nanos = t.rem_euclid(NANOS_PER_SEC) as u32;
-    let days = secs.div_euclid(86_400) as i64;
-    let sod = secs.rem_euclid(86_400) as u32;
+    // In i64 (`div_euclid`): this runs for every timestamp of every event.
+    // Wrapping, because the true remainders (0..1e9, 0..86 400) are right
+    // even where the product is not an i128.
+    let secs = div_euclid(t, NANOS_PER_SEC);
+    let nanos = t.wrapping_sub(secs.wrapping_mul(NANOS_PER_SEC)) as u32;
+    let days = div_euclid(secs, 86_400);
+    let sod = secs.wrapping_sub(days.wrapping_mul(86_400)) as u32;
+    let days = days as i64;
     let (y, m, d) = civil_from_days(days);
     let mut buf = [0u8; 40];
     let mut n = 0;
@@ -316,9 +330,28 @@ mod tests {
             "0001-01-01T00:00:00Z",
             "9999-12-31T23:59:59.999999999Z",
             "2000-02-29T12:00:00.1Z",
+            // i64's ends (the fast path) and one past each (i128's).
+            "2262-04-11T23:47:16.854775807Z",
+            "2262-04-11T23:47:16.854775808Z",
+            "1677-09-21T00:12:43.145224192Z",
+            "1677-09-21T00:12:43.145224191Z",
         ] {
             let t = parse_timestamp(s).unwrap();
             assert_eq!(format_timestamp(t), s);
+        }
+        let max = parse_timestamp("2262-04-11T23:47:16.854775807Z").unwrap();
+        let min = parse_timestamp("1677-09-21T00:12:43.145224192Z").unwrap();
+        assert_eq!((max, min), (i64::MAX.into(), i64::MIN.into()));
+    }
+
+    #[test]
+    fn divides_as_i128_does() {
+        let big = i128::from(i64::MAX);
+        let edges = [big, big + 1, -big - 1, -big - 2, i128::MAX, i128::MIN];
+        for a in [0, 1, -1, 59, -61].into_iter().chain(edges) {
+            for b in [1, 60, 3_600_000_000_000, big, big + 1] {
+                assert_eq!(div_euclid(a, b), a.div_euclid(b), "{a} / {b}");
+            }
         }
     }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::reputation::ReputationParams;
 use super::score::{Aggregator, TimeUnit};
-use crate::time::Nanos;
+use crate::time::{div_euclid, Nanos};
 
 /// The scoring parameters a rubric may override.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,7 +82,7 @@ impl EngineConfig {
         if self.window_ns == 0 {
             ts
         } else {
-            ts.div_euclid(self.window_ns) * self.window_ns
+            div_euclid(ts, self.window_ns) * self.window_ns
         }
     }
 

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 
 use crate::input::Id;
-use crate::time::Nanos;
+use crate::time::{div_euclid, Nanos};
 
 /// `reputation.mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub struct ReputationParams {
 impl ReputationParams {
     /// The epoch of a window starting at `start` (of an instant, W = 0).
     pub fn epoch_of(&self, start: Nanos) -> Epoch {
-        start.div_euclid(self.epoch_ns)
+        div_euclid(start, self.epoch_ns)
     }
 
     /// Where epoch `e` starts.
@@ -67,7 +67,7 @@ impl ReputationParams {
 
     /// The newest epoch a watermark `wm` has sealed: e with (e + 1)·E ≤ wm.
     pub fn sealed_by(&self, wm: Nanos) -> Epoch {
-        wm.div_euclid(self.epoch_ns) - 1
+        div_euclid(wm, self.epoch_ns) - 1
     }
 
     /// Whether values are collected and epochs sealed (`shadow`, `learned`).
