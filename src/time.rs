@@ -206,50 +206,37 @@ pub fn timestamp_bytes(t: Nanos) -> ([u8; 40], usize) {
     let sod = secs.wrapping_sub(days.wrapping_mul(86_400)) as u32;
     let days = days as i64;
     let (y, m, d) = civil_from_days(days);
-    let mut buf = [0u8; 40];
-    let mut n = 0;
-    let mut push = |c: u8| {
-        buf[n] = c;
-        n += 1;
-    };
     let y4 = y.clamp(0, 9999) as u32;
-    for v in [y4 / 1000, y4 / 100 % 10, y4 / 10 % 10, y4 % 10] {
-        push(b'0' + v as u8);
-    }
-    push(b'-');
-    push(b'0' + (m / 10) as u8);
-    push(b'0' + (m % 10) as u8);
-    push(b'-');
-    push(b'0' + (d / 10) as u8);
-    push(b'0' + (d % 10) as u8);
-    push(b'T');
-    let (hh, mm, ss) = (sod / 3600, sod / 60 % 60, sod % 60);
-    for (i, v) in [hh, mm, ss].into_iter().enumerate() {
-        if i > 0 {
-            push(b':');
-        }
-        push(b'0' + (v / 10) as u8);
-        push(b'0' + (v % 10) as u8);
-    }
+    // "YYYY-MM-DDThh:mm:ss" at fixed places (no bounds checks), then the
+    // fraction, as far as it is non-zero, and "Z".
+    let mut buf = [0u8; 40];
+    buf[..19].copy_from_slice(b"0000-00-00T00:00:00");
+    let mut two = |at: usize, v: u32| {
+        buf[at] = b'0' + (v / 10) as u8;
+        buf[at + 1] = b'0' + (v % 10) as u8;
+    };
+    two(0, y4 / 100);
+    two(2, y4 % 100);
+    two(5, m);
+    two(8, d);
+    two(11, sod / 3600);
+    two(14, sod / 60 % 60);
+    two(17, sod % 60);
+    let mut end = 19;
     if nanos != 0 {
-        push(b'.');
+        buf[19] = b'.';
         let mut f = nanos;
-        let mut width = 9;
-        while f.is_multiple_of(10) {
-            f /= 10;
-            width -= 1;
-        }
-        let mut digits = [0u8; 9];
-        for i in (0..width).rev() {
-            digits[i] = b'0' + (f % 10) as u8;
+        for c in buf[20..29].iter_mut().rev() {
+            *c = b'0' + (f % 10) as u8;
             f /= 10;
         }
-        for &c in &digits[..width] {
-            push(c);
+        end = 29;
+        while buf[end - 1] == b'0' {
+            end -= 1;
         }
     }
-    push(b'Z');
-    (buf, n)
+    buf[end] = b'Z';
+    (buf, end + 1)
 }
 
 /// The wall clock as nanoseconds since the epoch: the one clock read of
@@ -342,6 +329,12 @@ mod tests {
         let max = parse_timestamp("2262-04-11T23:47:16.854775807Z").unwrap();
         let min = parse_timestamp("1677-09-21T00:12:43.145224192Z").unwrap();
         assert_eq!((max, min), (i64::MAX.into(), i64::MIN.into()));
+        // Any instant, any fraction: parse(format(t)) = t.
+        let mut t: Nanos = -3_000_000_000_000_000_000;
+        while t < 9_000_000_000_000_000_000 {
+            assert_eq!(parse_timestamp(&format_timestamp(t)), Ok(t), "{t}");
+            t += 7_777_777_777_777_777 + t.rem_euclid(1_000);
+        }
     }
 
     #[test]
