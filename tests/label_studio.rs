@@ -634,11 +634,20 @@ fn routing_counts_a_skip_as_the_projects_skip_setting_says() {
         assert_eq!(made[setting]["total_annotations"], 3, "{made}");
         assert_eq!(made[setting]["cancelled_annotations"], 1, "{made}");
     }
+    // 180 s: once CI, with the other two tests' Label Studio servers on
+    // the same 2 cores, did not see both sent back within 90 s (alone it
+    // takes under 50 s). What each poll saw is printed when it changes,
+    // so that a failure shows which task was not sent back.
+    let mut seen = None;
     let overlaps = wait_for(
         "both flagged tasks sent back",
-        Duration::from_secs(90),
+        Duration::from_secs(180),
         || {
             let o = ls.step(&["skip-overlaps", "--state", state.to_str().unwrap()]);
+            if seen.as_ref() != Some(&o) {
+                eprintln!("skip-overlaps: {o}");
+                seen = Some(o.clone());
+            }
             let moved = |s: &str| o[s] != made[s]["overlap_before"];
             (moved("IGNORE_SKIPPED") && moved("REQUEUE_FOR_OTHERS")).then_some(o)
         },
