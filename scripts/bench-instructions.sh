@@ -66,12 +66,8 @@ if [ "${KAFKA:-0}" = 1 ]; then
         preload "$BIN" "$round" "$INPUT" at_least_once "$BROKERS" "$WORK" > /dev/null 2>&1
         # Polls 50× slower under callgrind: the group's timeouts are
         # raised so that it is not taken for dead.
-        {
-            service_config "$round" "$group" "$state" "127.0.0.1:$((PORT + 100))" at_least_once "$BROKERS" \
-                | sed -e 's/^\[batching\]$/[batching]\nwindow_seconds = 60/' -e 's/"6000"/"120000"/'
-            printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' \
-                "$mode" "$EPOCH" "$group"
-        } > "$WORK/$group.toml"
+        reputation_config "$round" "$group" "$state" "127.0.0.1:$((PORT + 100))" "$BROKERS" "$mode" "$EPOCH" \
+            | sed 's/"6000"/"120000"/' > "$WORK/$group.toml"
         rm -rf "$state"
         out="$WORK/callgrind-run-$mode.out"
         valgrind --tool=callgrind --callgrind-out-file="$out" "$BIN" run --config "$WORK/$group.toml" \

@@ -128,12 +128,8 @@ if [ "${KAFKA:-0}" = 1 ]; then
         for mode in $(modes_of_round "$i"); do
             group="$round-$mode"
             state="$WORK/state-$group"
-            {
-                service_config "$round" "$group" "$state" "$LISTEN" at_least_once "$BROKERS" \
-                    | sed 's/^\[batching\]$/[batching]\nwindow_seconds = 60/'
-                printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' \
-                    "$mode" "$EPOCH" "$group"
-            } > "$WORK/$group.toml"
+            reputation_config "$round" "$group" "$state" "$LISTEN" "$BROKERS" "$mode" "$EPOCH" \
+                > "$WORK/$group.toml"
             rm -rf "$state"
             start=$(date +%s.%N)
             "$BIN" run --config "$WORK/$group.toml" > "$WORK/$group.log" 2>&1 &
@@ -184,14 +180,9 @@ if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
             live="$RUN-live-$mode-$i"
             state="$WORK/state-$live"
             listen="127.0.0.1:$((PORT + 100))"
-            {
-                # No idle flush while the file's (past) vote times flow.
-                service_config "$live" "$live-group" "$state" "$listen" at_least_once "$BROKERS" \
-                    | sed -e 's/^\[batching\]$/[batching]\nwindow_seconds = 60/' \
-                        -e 's/^idle_flush_seconds = .*/idle_flush_seconds = 3600/'
-                printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' \
-                    "$mode" "$EPOCH" "$live"
-            } > "$WORK/$live.toml"
+            # No idle flush while the file's (past) vote times flow.
+            reputation_config "$live" "$live-group" "$state" "$listen" "$BROKERS" "$mode" "$EPOCH" \
+                | sed 's/^idle_flush_seconds = .*/idle_flush_seconds = 3600/' > "$WORK/$live.toml"
             rm -rf "$state"
             "$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" 1 0 > /dev/null
             "$BIN" run --config "$WORK/$live.toml" > "$WORK/$live.log" 2>&1 &

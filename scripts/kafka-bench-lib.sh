@@ -40,6 +40,16 @@ dir = "$3"
 TOML
 }
 
+# reputation_config RUN GROUP STATE_DIR LISTEN BROKERS MODE EPOCH_SECONDS:
+# service_config (at_least_once) with 60 s windows and SPEC §14's
+# reputation in MODE, its topic GROUP-reputation (bench-reputation.sh,
+# bench-instructions.sh).
+reputation_config() {
+    service_config "$1" "$2" "$3" "$4" at_least_once "$5" \
+        | sed 's/^\[batching\]$/[batching]\nwindow_seconds = 60/'
+    printf '[reputation]\nmode = "%s"\nepoch_seconds = %s\ntopic = "%s-reputation"\n' "$6" "$7" "$2"
+}
+
 # preload BIN RUN INPUT DELIVERY BROKERS WORK: the service's topics first
 # (a 20 s start that creates them), then INPUT produced to RUN-votes. That
 # start uses a group and state of its own: with the measured group, its
