@@ -135,7 +135,7 @@ pub(super) fn series_bytes(inference_id: &Id, voter_prompt_id: &Id, s: &SeriesSt
 pub(super) fn voter_bytes(key: &SeriesKey, voter: &Id) -> usize {
     // The entry (clones of the key and of the voter) and the record it
     // becomes.
-    std::mem::size_of::<(SeriesKey, Id)>()
+    std::mem::size_of::<(SeriesKey, Id, Option<Option<f64>>)>()
         + id_block(&key.inference_id)
         + id_block(&key.voter_prompt_id)
         + id_block(voter)

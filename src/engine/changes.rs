@@ -17,9 +17,10 @@ pub enum Change<'a> {
     /// by the state store's retention sweep, never by the engine), the
     /// vote time the store held for it before, if the identity is accepted
     /// again after the retention forgot it (its index entry goes), and
-    /// (`query_index` only) the vote's series and voter: the store keeps
-    /// the series' voters (SPEC §9) as an index of its identities.
-    Dedupe(u128, Nanos, Option<Nanos>, Option<(&'a SeriesKey, &'a str)>),
+    /// (`query_index` only) the vote: the store keeps the series' voters
+    /// (SPEC §9) as an index of its identities, and SPEC §14's open values
+    /// in them.
+    Dedupe(u128, Nanos, Option<Nanos>, Option<Voted<'a>>),
     Meta(&'a Meta),
     /// A leaderboard row (`None`: no scored series left in it).
     Board(&'a BoardKey, Option<&'a BoardRow>),
@@ -39,6 +40,16 @@ pub enum Change<'a> {
     /// A closed batch waiting at the barrier, by its place in the close
     /// order (SPEC §14; `None`: it was scored).
     Pending(u64, Option<&'a Pending>),
+}
+
+/// An accepted vote as its identity's record keeps it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Voted<'a> {
+    pub series: &'a SeriesKey,
+    pub voter: &'a str,
+    /// The vote's value when SPEC §14 collects (`Some(None)`: an
+    /// abstention), its epoch's open value until the epoch seals.
+    pub open: Option<Option<f64>>,
 }
 
 /// [`Engine::drain_changes`] walks a whole table instead of looking up its
@@ -93,8 +104,12 @@ impl Engine {
         }
         let voters = &self.identity_voters;
         let mut dedupe = |id: u128, at: Nanos, replaced: Option<Nanos>| {
-            let voter = voters.get(&id).map(|(k, v)| (k, &**v));
-            sink(Change::Dedupe(id, at, replaced, voter));
+            let voted = voters.get(&id).map(|(series, voter, open)| Voted {
+                series,
+                voter,
+                open: *open,
+            });
+            sink(Change::Dedupe(id, at, replaced, voted));
         };
         if self.dirty_dedupe.len() >= self.dedupe.len() / SCAN_WHEN_DIRTY {
             self.dirty_dedupe.clear();
@@ -111,7 +126,7 @@ impl Engine {
                 dedupe(id, e.at, self.replaced_dedupe.remove(&id));
             }
         }
-        for (_, (k, voter)) in self.identity_voters.drain() {
+        for (_, (k, voter, _)) in self.identity_voters.drain() {
             self.cache_bytes = self
                 .cache_bytes
                 .saturating_sub(cache::voter_bytes(&k, &voter));

@@ -7,20 +7,27 @@ use std::sync::Arc;
 use super::reputation::{self, Table};
 use super::*;
 
-/// An open value, and what an older store held it in besides its
-/// series' record (format 10): a format-9 store held a series' values of
-/// an epoch in a record of their own, a format-8 one each value in a
-/// record of its own; that record goes at the seal.
+/// An open value, and where the store holds it: in the identity of its
+/// vote (format 11), or in its series' record, and then perhaps also in a
+/// record of its own that goes at the seal (a format-9 store held a
+/// series' values of an epoch in a record of their own, a format-8 one
+/// each value in a record of its own).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct OpenSlot {
     value: OpenValue,
     held: Held,
 }
 
-/// Where a restored open value was held besides its series' value.
+/// Where the store holds an open value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
-    /// Nowhere (format 10).
+    /// In the identity of its vote (format 11): the store finds it again
+    /// from the vote, so its series' record does not carry it.
+    Identity,
+    /// In its series' record: written by format 10, or **pinned** there
+    /// because the identities cannot tell it apart (a tie between two
+    /// votes' times, or a vote whose identity a later vote took over, see
+    /// [`Spare::pin`]).
     Series,
     /// In its unit's record (format 9's `h`).
     Unit,
@@ -58,7 +65,10 @@ pub(super) struct Spare(Vec<Values>);
 impl Spare {
     /// Keeps `new` as `voter`'s value of `epoch` in a series' `values` if
     /// it is the latest (by timestamp; ties: this later arrival). A series'
-    /// first value takes a spare vector, or a new one.
+    /// first value takes a spare vector, or a new one. A new value is held
+    /// by its vote's identity; a tie pins the slot to the series' record
+    /// (a restore folds identities by vote time alone, which cannot tell
+    /// two votes of one time apart).
     pub(super) fn note(
         &mut self,
         values: &mut Values,
@@ -75,6 +85,9 @@ impl Spare {
             if v != voter {
                 continue;
             }
+            if slot.value.timestamp == new.timestamp && slot.held == Held::Identity {
+                slot.held = Held::Series;
+            }
             if slot.value.timestamp <= new.timestamp {
                 slot.value = new;
             }
@@ -85,7 +98,7 @@ impl Spare {
         }
         let slot = OpenSlot {
             value: new,
-            held: Held::Series,
+            held: Held::Identity,
         };
         if values.capacity() == 0 {
             // A unit has a few reviewers: one allocation for most series.
@@ -96,6 +109,20 @@ impl Spare {
         }
         values.push((epoch, voter.clone(), slot));
         Noted { added: true, first }
+    }
+
+    /// Pins to the series' record the values of `epoch` in `values` whose
+    /// vote time is `at`: the identity of a vote of that time was taken
+    /// over by a later vote (accepted again after the retention forgot
+    /// it), so the store no longer holds that vote's value. (A value of
+    /// another reviewer with the same time may be pinned too: it is then
+    /// held twice, which changes nothing.)
+    pub(super) fn pin(values: &mut Values, epoch: Epoch, at: Nanos) {
+        for (k, _, slot) in values.iter_mut() {
+            if *k == epoch && slot.value.timestamp == at && slot.held == Held::Identity {
+                slot.held = Held::Series;
+            }
+        }
     }
 
     /// Keeps `values`' vector (emptied) for a later series.
@@ -112,16 +139,91 @@ impl Spare {
     }
 }
 
-/// A series' open values of every epoch, as its record carries them.
+/// The open values a series' record carries: those not held by their
+/// votes' identities.
 #[derive(Clone, Copy)]
 pub struct OpenValues<'a>(pub(super) &'a [(Epoch, Id, OpenSlot)]);
 
 impl<'a> OpenValues<'a> {
     /// (epoch, reviewer, value) each.
-    pub fn iter(self) -> impl ExactSizeIterator<Item = (Epoch, &'a Id, OpenValue)> + Clone {
-        self.0
+    pub fn iter(self) -> InSeries<'a> {
+        let left = self
+            .0
             .iter()
-            .map(|(epoch, voter, slot)| (*epoch, voter, slot.value))
+            .filter(|(.., slot)| slot.held != Held::Identity)
+            .count();
+        InSeries {
+            values: self.0.iter(),
+            left,
+        }
+    }
+}
+
+/// [`OpenValues::iter`]: an iterator of known length, as a record's
+/// sequence needs.
+#[derive(Clone)]
+pub struct InSeries<'a> {
+    values: std::slice::Iter<'a, (Epoch, Id, OpenSlot)>,
+    left: usize,
+}
+
+impl<'a> Iterator for InSeries<'a> {
+    type Item = (Epoch, &'a Id, OpenValue);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (epoch, voter, slot) = self
+            .values
+            .by_ref()
+            .find(|(.., slot)| slot.held != Held::Identity)?;
+        self.left -= 1;
+        Some((*epoch, voter, slot.value))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl ExactSizeIterator for InSeries<'_> {}
+
+/// What a restore rebuilds the open values from (format 11): the values
+/// series' records carry, each as it is, and the values of the identities
+/// of open epochs, folded as [`Spare::note`] does. A slot a series' record
+/// carries is the record's: the record is written whenever its slot
+/// changes, and a slot goes there exactly when the identities cannot say
+/// its value (a tie, a vote's identity taken over). Any other slot's votes
+/// each have their identity, and the latest vote time wins.
+#[derive(Debug, Default)]
+pub struct OpenFold {
+    /// In key order, so that a restore rebuilds the same engine each time.
+    slots: BTreeMap<OpenKey, (OpenValue, Held)>,
+}
+
+impl OpenFold {
+    /// A value a store record carries (a series' record, or an older
+    /// format's record of its own: `held`).
+    pub fn record(&mut self, key: OpenKey, value: OpenValue, held: Held) {
+        self.slots.insert(key, (value, held));
+    }
+
+    /// A vote's value, from its identity.
+    pub fn identity(&mut self, key: OpenKey, value: OpenValue) {
+        match self.slots.entry(key) {
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert((value, Held::Identity));
+            }
+            std::collections::btree_map::Entry::Occupied(mut e) => {
+                let (old, held) = e.get_mut();
+                if *held == Held::Identity && old.timestamp < value.timestamp {
+                    *old = value;
+                }
+            }
+        }
+    }
+
+    /// The open values, for [`Engine::restore_reputation`].
+    pub fn finish(self) -> impl Iterator<Item = (OpenKey, OpenValue, Held)> {
+        self.slots.into_iter().map(|(k, (v, held))| (k, v, held))
     }
 }
 

@@ -25,7 +25,7 @@ pub use persisted::{Batch, BatchKey, Entry, Meta, Pending, SeriesKey, SeriesStat
 mod changes;
 mod config;
 mod update;
-pub use changes::Change;
+pub use changes::{Change, Voted};
 pub use config::{Decay, EngineConfig, RubricParams};
 pub use update::{Forecast, Learned, Outcome, ScoreUpdate};
 
@@ -39,7 +39,7 @@ use crate::time::{format_timestamp, Nanos, NANOS_PER_SEC};
 use agreement::{ReviewerKey, RubricSums};
 use board::{BoardKey, BoardRow, Placement};
 use cache::{IdKey, IdentityEntry, SeriesEntry};
-pub use learn::{Held, OpenValues};
+pub use learn::{Held, InSeries, OpenFold, OpenValues};
 use learn::{PendingSlot, Shared};
 use reputation::{Epoch, OpenKey, OpenValue, Tables, Terms, TermsKey};
 
@@ -109,9 +109,10 @@ pub struct Engine {
     board: FxHashMap<BoardKey, BoardRow>,
     dirty_board: Vec<BoardKey>,
     /// The series and voter of each identity accepted since the last drain
-    /// (`query_index` only; counted in `cache_bytes` so that a replay
-    /// writes them out when it fills).
-    identity_voters: FxHashMap<u128, (SeriesKey, Id)>,
+    /// and, when SPEC §14 collects, the vote's value (`query_index` only;
+    /// counted in `cache_bytes` so that a replay writes them out when it
+    /// fills).
+    identity_voters: FxHashMap<u128, (SeriesKey, Id, Option<Option<f64>>)>,
     /// Agreement sums per rubric (`query_index` only; as many as rubrics).
     agreement: FxHashMap<Id, RubricSums>,
     dirty_agreement: Vec<Id>,
@@ -344,6 +345,8 @@ impl Engine {
         let wm = self.meta.watermark;
         self.tick += 1;
         // (2) duplicates, before lateness.
+        // The vote time of a forgotten identity accepted again.
+        let mut forgotten_at = None;
         if let Some(seen) = self.dedupe.get_mut(&identity.into()) {
             seen.touch(self.tick);
             let seen_at = seen.at;
@@ -351,6 +354,7 @@ impl Engine {
                 self.counters.duplicates += 1;
                 return Outcome::Duplicate;
             }
+            forgotten_at = Some(seen_at);
         }
         // (3) lateness.
         let start = self.cfg.window_start(vote.timestamp);
@@ -383,6 +387,15 @@ impl Engine {
             (epoch, &vote.voter_id, v)
         });
         let seq = self.accept_into_series(&skey, start, vote.model_id.as_deref(), value);
+        if let Some(at) = forgotten_at.filter(|_| self.cfg.reputation.collects()) {
+            // The identity now names this vote: the value of the one it
+            // named (same series: an identity includes it) stays in the
+            // series' record while its epoch is open.
+            let epoch = self.cfg.reputation.epoch_of(self.cfg.window_start(at));
+            if let Some(e) = self.series.get_mut(&skey) {
+                learn::Spare::pin(&mut e.values, epoch, at);
+            }
+        }
         let batch = match self.batches.get_mut(&seq) {
             Some(open) => &mut open.batch,
             None => {
@@ -435,8 +448,9 @@ impl Engine {
         let full = batch.counted >= self.cfg.max_votes;
         if self.cfg.query_index {
             self.cache_bytes += cache::voter_bytes(&skey, &vote.voter_id);
-            let pair = (skey.clone(), vote.voter_id.clone());
-            if let Some((k, v)) = self.identity_voters.insert(identity, pair) {
+            let open = self.cfg.reputation.collects().then_some(vote.value);
+            let voted = (skey.clone(), vote.voter_id.clone(), open);
+            if let Some((k, v, _)) = self.identity_voters.insert(identity, voted) {
                 self.cache_bytes = self.cache_bytes.saturating_sub(cache::voter_bytes(&k, &v));
             }
         }
@@ -468,8 +482,22 @@ impl Engine {
 
     /// Vote time below which a vote identity no longer counts (SPEC §4
     /// retention): what the state store's sweep may delete.
+    ///
+    /// With SPEC §14 collecting into a store that is restored from, no
+    /// later than the start of the oldest open epoch: the identities of
+    /// open epochs' votes hold their values (format 11), and a restore
+    /// reads them. The engine forgets an identity by its time all the same
+    /// ([`Engine::process`]); only its record stays a little longer.
     pub fn identity_horizon(&self) -> Option<Nanos> {
-        self.meta.watermark.map(|wm| wm - self.cfg.retention_ns)
+        let p = &self.cfg.reputation;
+        self.meta.watermark.map(|wm| {
+            let horizon = wm - self.cfg.retention_ns;
+            if p.collects() && self.cfg.query_index {
+                horizon.min(p.start_of(p.sealed_by(wm) + 1))
+            } else {
+                horizon
+            }
+        })
     }
 
     fn advance_to(&mut self, candidate: Nanos) {

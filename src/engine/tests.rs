@@ -262,6 +262,9 @@ pub(super) struct Model {
     series: HashMap<SeriesKey, SeriesState>,
     batches: BTreeMap<BatchKey, Batch>,
     dedupe: HashMap<u128, Nanos>,
+    /// The vote each identity names: series, voter, and its value when
+    /// SPEC §14 collects.
+    identity_votes: HashMap<u128, (SeriesKey, Id, Option<Option<f64>>)>,
     voters: std::collections::BTreeSet<(SeriesKey, String)>,
     board: HashMap<BoardKey, BoardRow>,
     agreement: BTreeMap<String, agreement::RubricSums>,
@@ -273,22 +276,36 @@ pub(super) struct Model {
 }
 
 impl Model {
-    /// The open values a restore finds: those its series' records hold of
-    /// the epochs the watermark has not sealed.
+    /// The open values a restore finds: of the epochs the watermark has
+    /// not sealed, those its series' records hold, and those of the
+    /// identities (as `OpenFold` folds them).
     pub(super) fn open(
         &self,
-        p: &reputation::ReputationParams,
-    ) -> BTreeMap<reputation::OpenKey, reputation::OpenValue> {
+        cfg: &EngineConfig,
+    ) -> BTreeMap<reputation::OpenKey, (reputation::OpenValue, Held)> {
+        let p = &cfg.reputation;
         let sealed = self.meta.watermark.map(|wm| p.sealed_by(wm));
-        let mut open = BTreeMap::new();
+        let is_open = |epoch: reputation::Epoch| sealed.is_none_or(|s| epoch > s);
+        let mut fold = OpenFold::default();
         for (series, values) in &self.series_open {
             for (epoch, voter, v) in values {
-                if sealed.is_none_or(|s| *epoch > s) {
-                    open.insert((*epoch, series.clone(), voter.clone()), *v);
+                if is_open(*epoch) {
+                    fold.record((*epoch, series.clone(), voter.clone()), *v, Held::Series);
                 }
             }
         }
-        open
+        for (id, (series, voter, value)) in &self.identity_votes {
+            let at = self.dedupe[id];
+            let epoch = p.epoch_of(cfg.window_start(at));
+            if let (Some(value), true) = (value, is_open(epoch)) {
+                let v = reputation::OpenValue {
+                    timestamp: at,
+                    value: *value,
+                };
+                fold.identity((epoch, series.clone(), voter.clone()), v);
+            }
+        }
+        fold.finish().map(|(k, v, held)| (k, (v, held))).collect()
     }
 
     /// The leaderboard computed from scratch from the stored series.
@@ -335,10 +352,17 @@ impl Model {
             Change::Batch(k, None) => {
                 self.batches.remove(k);
             }
-            Change::Dedupe(id, t, _, voter) => {
+            Change::Dedupe(id, t, _, voted) => {
                 self.dedupe.insert(id, t);
-                if let Some((k, v)) = voter {
-                    self.voters.insert((k.clone(), v.to_owned()));
+                match voted {
+                    Some(v) => {
+                        self.voters.insert((v.series.clone(), v.voter.to_owned()));
+                        let vote = (v.series.clone(), v.voter.into(), v.open);
+                        self.identity_votes.insert(id, vote);
+                    }
+                    None => {
+                        self.identity_votes.remove(&id);
+                    }
                 }
             }
             Change::Meta(m) => self.meta = *m,
@@ -384,10 +408,10 @@ impl Model {
             .chain(self.pending.values().map(|p| &p.key))
             .map(|k| (k.series.clone(), self.series[&k.series].clone()))
             .collect();
-        let open = self.open(&cfg.reputation);
+        let open = self.open(&cfg);
         let mut e = Engine::restore(cfg, self.meta, series, self.batches.clone(), false);
         e.restore_reputation(
-            open.into_iter().map(|(k, v)| (k, v, Held::Series)),
+            open.into_iter().map(|(k, (v, held))| (k, v, held)),
             self.terms.iter().map(|(k, t)| (k.clone(), *t)),
             self.pending.iter().map(|(o, p)| (*o, p.clone())),
         );

@@ -3,8 +3,8 @@
 //! ([`Store::read`], [`Store::provide`]).
 
 use crate::engine::reputation::{Epoch, OpenKey, OpenValue, Terms, TermsKey};
-use crate::engine::Held;
 use crate::engine::{Engine, EngineConfig, Meta, SeriesKey, SeriesState, Wants};
+use crate::engine::{Held, OpenFold};
 use crate::time::Nanos;
 
 use super::index::Epochs;
@@ -206,24 +206,24 @@ impl Store {
             held.push(self.decoded(&keys[i], v, format::decode_series_open)?);
             Ok(())
         })?;
-        let mut values = Vec::new();
+        let mut fold = OpenFold::default();
         for ((epoch, series), older) in units {
             match &held[series_at[&series]] {
                 // Each still goes at the seal if an older record holds it.
-                Some(all) => values.extend(all.iter().filter(|(e, ..)| *e == epoch).map(
-                    |(_, voter, value)| {
+                Some(all) => {
+                    for (_, voter, value) in all.iter().filter(|(e, ..)| *e == epoch) {
                         let kind = older
                             .iter()
                             .find(|(v, ..)| v == voter)
                             .map_or(Held::Series, |&(.., kind)| kind);
-                        ((epoch, series.clone(), voter.clone()), *value, kind)
-                    },
-                )),
-                None if !older.is_empty() => values.extend(
-                    older
-                        .into_iter()
-                        .map(|(voter, value, kind)| ((epoch, series.clone(), voter), value, kind)),
-                ),
+                        fold.record((epoch, series.clone(), voter.clone()), *value, kind);
+                    }
+                }
+                None if !older.is_empty() => {
+                    for (voter, value, kind) in older {
+                        fold.record((epoch, series.clone(), voter), value, kind);
+                    }
+                }
                 None => {
                     return Err(self.corrupt(
                         &series_key_bytes(&series),
@@ -232,6 +232,11 @@ impl Store {
                 }
             }
         }
+        if indexed {
+            let from = sealed.map(|s| p.start_of(s + 1));
+            self.identities_open(cfg, from, &mut fold)?;
+        }
+        let values = fold.finish().collect();
         let mut deltas = Vec::new();
         for item in self.prefix(b"u") {
             let (k, v) = item?;
@@ -239,6 +244,59 @@ impl Store {
             deltas.push((key, self.decoded(&k, &v, format::decode_terms)?));
         }
         Ok((values, deltas))
+    }
+
+    /// The open values the identities of votes at or after `from` (every
+    /// vote of an open epoch, and only those: a vote's epoch is its
+    /// window's, which starts at or before it, and the retention sweep
+    /// keeps them, `Engine::identity_horizon`) hold, into `fold`: found
+    /// by the `t` index, read in multi-gets of [`MULTI_GET`].
+    fn identities_open(
+        &self,
+        cfg: &EngineConfig,
+        from: Option<Nanos>,
+        fold: &mut OpenFold,
+    ) -> Result<(), StoreError> {
+        let start = from.map_or_else(|| b"t".to_vec(), |at| time_index_key(at, &[]));
+        let mut opts = rocksdb::ReadOptions::default();
+        opts.set_total_order_seek(true);
+        opts.set_iterate_upper_bound(&b"u"[..]);
+        let iter = self.db.iterator_opt(
+            rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward),
+            opts,
+        );
+        let mut keys = Vec::with_capacity(MULTI_GET);
+        let mut read = |keys: &mut Vec<Vec<u8>>| {
+            self.multi_get(keys, |i, v| {
+                // An identity accepted again since (its `t` entry goes in
+                // the same write) or swept: nothing here.
+                let Some(v) = v else { return Ok(()) };
+                let at = self.identity_time(&keys[i], v)?;
+                let vote = self.decoded(&keys[i], v, format::decode_identity_vote)?;
+                if let Some((series, voter, Some(value))) = vote {
+                    let epoch = cfg.reputation.epoch_of(cfg.window_start(at));
+                    let value = OpenValue {
+                        timestamp: at,
+                        value,
+                    };
+                    fold.identity((epoch, series, voter), value);
+                }
+                Ok(())
+            })?;
+            keys.clear();
+            Ok::<_, StoreError>(())
+        };
+        for item in iter {
+            let (k, _) = item.map_err(|e| self.rocks(e))?;
+            if k.len() != 33 || k[0] != b't' {
+                return Err(self.corrupt(&k, "bad identity index key"));
+            }
+            keys.push([&b"d"[..], &k[17..]].concat());
+            if keys.len() == MULTI_GET {
+                read(&mut keys)?;
+            }
+        }
+        read(&mut keys)
     }
 
     /// Hands the engine what `wants` name, read from the store (one

@@ -1,7 +1,7 @@
 use super::upgrade::{FORMAT_VERSION, UPGRADING_POS};
 use super::*;
 use crate::engine::score::Evidence;
-use crate::engine::{Change, Meta, Wants};
+use crate::engine::{Change, Meta, Voted, Wants};
 
 /// A series' value without open values.
 fn series_value(s: &SeriesState) -> Vec<u8> {
@@ -546,22 +546,27 @@ fn values_carry_their_format_and_unknown_ones_are_refused() {
     newer[0] = format::FORMAT + 1;
     assert!(matches!(
         format::decode_series(&newer),
-        Err(FormatError::Unknown(11))
+        Err(FormatError::Unknown(12))
     ));
     // Format 7's, 8's and 9's values read as they are (10 added the open
-    // values at the end).
+    // values at the end, 11 moved them to the front).
+    let state = &v[2..];
+    assert_eq!(v[1], 0, "no open values: an empty sequence");
     for older in [7, 8, 9] {
-        let old = [&[older][..], &v[1..v.len() - 1]].concat();
+        let old = [&[older][..], state].concat();
         assert_eq!(format::decode_series(&old).unwrap(), s);
         assert!(format::decode_series_open(&old).unwrap().is_none());
     }
+    let ten = [&[10][..], state, &[0][..]].concat();
+    assert_eq!(format::decode_series(&ten).unwrap(), s);
+    assert_eq!(format::decode_series_open(&ten).unwrap(), Some(Vec::new()));
     assert!(matches!(
         format::decode_series(&[]),
         Err(FormatError::Empty)
     ));
     assert!(matches!(
         format::decode_series(&v[..v.len() - 1]),
-        Err(FormatError::Layout { format: 10, .. })
+        Err(FormatError::Layout { format: 11, .. })
     ));
 
     let entry = crate::engine::Entry {
@@ -628,8 +633,8 @@ fn untagged_records_upgrade_to_what_this_build_writes() {
     s.update_seq = 1;
     s.evidence = Evidence { v: 0.5, q: 0.25 };
     let tagged = series_value(&s);
-    // Format 6's layout: format 10's without the open values at the end.
-    let untagged = &tagged[1..tagged.len() - 1];
+    // Format 6's layout: format 11's without the open values in front.
+    let untagged = &tagged[2..];
     assert_eq!(legacy::upgrade(b"s", untagged).unwrap(), tagged);
     let at = format::encode_identity(42, None);
     assert_eq!(legacy::upgrade(b"d", &42i128.to_le_bytes()).unwrap(), at);
@@ -647,9 +652,49 @@ fn untagged_records_upgrade_to_what_this_build_writes() {
         &tagged[..]
     );
     assert!(matches!(
-        current_value(b"s", &tagged, Some(b"11")),
+        current_value(b"s", &tagged, Some(b"12")),
         Err(FormatError::Header(_))
     ));
+}
+
+fn voted<'a>(series: &'a SeriesKey, voter: &'a str, open: Option<Option<f64>>) -> Voted<'a> {
+    Voted {
+        series,
+        voter,
+        open,
+    }
+}
+
+/// Format 11's identity may end with its vote's value (SPEC §14): an
+/// abstention and a value read back as written, and format 9's and 10's
+/// layout (none) reads as none.
+#[test]
+fn an_identity_carries_its_open_value_from_format_11() {
+    let series = SeriesKey {
+        inference_id: "inf-1".into(),
+        voter_prompt_id: "rubric".into(),
+    };
+    for open in [None, Some(None), Some(Some(0.25)), Some(Some(1.0))] {
+        let v = format::encode_identity(7, Some(voted(&series, "rev", open)));
+        let got = format::decode_identity_vote(&v).unwrap().unwrap();
+        assert_eq!(got, (series.clone(), "rev".into(), open));
+        assert_eq!(format::decode_identity(&v).unwrap(), 7);
+        assert_eq!(
+            format::decode_identity_voter(&v).unwrap(),
+            Some((series.clone(), "rev".into()))
+        );
+        if let Some(Some(_)) = open {
+            // Cut inside the value: corrupt.
+            assert!(format::decode_identity_vote(&v[..v.len() - 1]).is_err());
+        }
+    }
+    let without = format::encode_identity(7, Some(voted(&series, "rev", None)));
+    for older in [9, 10] {
+        let mut old = without.clone();
+        old[0] = older;
+        let got = format::decode_identity_vote(&old).unwrap().unwrap();
+        assert_eq!(got.2, None);
+    }
 }
 
 /// Format 9's identity carries its vote's series and voter; 7's and 8's
@@ -661,7 +706,7 @@ fn an_identity_carries_its_voter_from_format_9() {
         inference_id: "inf-1".into(),
         voter_prompt_id: "rubric".into(),
     };
-    let with = format::encode_identity(-42, Some((&series, "rev-7")));
+    let with = format::encode_identity(-42, Some(voted(&series, "rev-7", None)));
     assert_eq!(with[0], format::FORMAT);
     assert_eq!(format::decode_identity(&with).unwrap(), -42);
     assert_eq!(
@@ -700,7 +745,7 @@ fn voter_keys_come_from_identities_and_outlive_their_sweep() {
     };
     let mut records = Vec::new();
     encode_change(
-        Change::Dedupe(1, 10, None, Some((&series, "rev-a"))),
+        Change::Dedupe(1, 10, None, Some(voted(&series, "rev-a", None))),
         &mut records,
     );
     encode_change(Change::Dedupe(2, 20, None, None), &mut records);
@@ -853,13 +898,13 @@ fn learned_setup() -> (
     (cfg, opts, tempfile::tempdir().unwrap(), t0, epoch)
 }
 
-/// SPEC §14's open values are in their series' record (format 10), and
-/// the store indexes them locally (`j`, one entry per series and epoch,
-/// an epoch's deleted as one range at its seal). A store of format 8 holds
-/// them as `e` records, one per reviewer: they are read while their
-/// series' record is older than format 10, and deleted at the seal.
+/// A store of format 8 holds SPEC §14's open values as `e` records, one
+/// per reviewer: they are read while their series' record is older than
+/// format 10, then ride in it (new values are in their identities, format
+/// 11), indexed locally (`j`, one entry per series and epoch, an epoch's
+/// deleted as one range at its seal), and the `e` records go at the seal.
 #[test]
-fn open_values_are_in_their_series_record_and_format_8_records_go() {
+fn format_8_values_ride_in_their_series_record_until_the_seal() {
     use crate::engine::reputation::OpenValue;
     let (cfg, opts, dir, t0, epoch) = learned_setup();
     let store = Store::open(dir.path()).unwrap();
@@ -867,12 +912,10 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
         inference_id: inf.into(),
         voter_prompt_id: "r".into(),
     };
+    // What each series' record carries: format 8's values, not the new
+    // ones (their identities hold them).
     let open_want = |s: &SeriesKey| -> Vec<crate::input::Id> {
-        let want: &[&str] = if *s == series("i1") {
-            &["a", "b"]
-        } else {
-            &["c", "d", "e"]
-        };
+        let want: &[&str] = if *s == series("i1") { &[] } else { &["c", "d"] };
         want.iter().map(|&v| v.into()).collect()
     };
     // Format 8's records of two series' values in the epoch.
@@ -892,7 +935,7 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     let old = [legacy("i2", "c"), legacy("i2", "d"), legacy("i3", "c")];
     store.apply(&old, &[]).unwrap();
     let now = series_value(&SeriesState::new(None, &cfg));
-    let series_8 = [&[8][..], &now[1..now.len() - 1]].concat();
+    let series_8 = [&[8][..], &now[2..]].concat();
     for inf in ["i2", "i3"] {
         let put = (series_key_bytes(&series(inf)), Some(series_8.clone()));
         store.apply(&[put], &[]).unwrap();
@@ -917,7 +960,9 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
         "no record of their own: {records:?}"
     );
     for s in [series("i1"), series("i2")] {
-        assert_eq!(open_voters(&records, &s, epoch), open_want(&s), "{s:?}");
+        let mut got = open_voters(&records, &s, epoch);
+        got.sort();
+        assert_eq!(got, open_want(&s), "{s:?}");
     }
     // The format-8 records stay until the seal; i2's record now holds its
     // values and is read instead.
@@ -926,8 +971,8 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     assert_eq!(keys(&store, b"e"), 3);
     assert_eq!(
         keys(&store, b"j"),
-        2,
-        "the store indexes the two series' epoch"
+        1,
+        "the store indexes the epoch of i2's record"
     );
     let (mut engine, _) = store.load(cfg.clone()).unwrap();
     assert_eq!(engine.open_values(), 6);
@@ -938,15 +983,19 @@ fn open_values_are_in_their_series_record_and_format_8_records_go() {
     let records = vote_and_encode(&store, &mut engine, &opts, line);
     store.apply(&records, &[]).unwrap();
     assert_eq!(keys(&store, b"e"), 0);
-    assert_eq!(keys(&store, b"j"), 1, "only the new day's entry");
+    assert_eq!(
+        keys(&store, b"j"),
+        0,
+        "the new day's value is its identity's"
+    );
     let (engine, _) = store.load(cfg).unwrap();
     assert_eq!(engine.open_values(), 1);
 }
 
 /// Format 9 held a series' open values of an epoch in its `h` record: they
 /// are read while the series' record is older than format 10, and once a
-/// vote writes the series in format 10 its record holds them all (the old
-/// `h` record is not rewritten; it goes at the seal).
+/// vote writes the series its record holds them (the old `h` record is not
+/// rewritten; it goes at the seal); the new vote's value is its identity's.
 #[test]
 fn format_9_units_are_read_until_their_series_is_written() {
     let (cfg, opts, dir, t0, epoch) = learned_setup();
@@ -956,7 +1005,7 @@ fn format_9_units_are_read_until_their_series_is_written() {
         voter_prompt_id: "r".into(),
     };
     let now = series_value(&SeriesState::new(None, &cfg));
-    let series_9 = [&[9][..], &now[1..now.len() - 1]].concat();
+    let series_9 = [&[9][..], &now[2..]].concat();
     let unit: Vec<(&str, Nanos, Option<f64>)> = vec![("a", t0, Some(1.0)), ("b", t0, Some(0.0))];
     let unit_9 = postcard::to_extend(&unit, vec![9]).unwrap();
     let h_key = [&b"h"[..], &format::open_unit_key(epoch, &k)].concat();
@@ -978,7 +1027,7 @@ fn format_9_units_are_read_until_their_series_is_written() {
         records.iter().all(|(k, _)| k[0] != b'h'),
         "the old unit stays"
     );
-    let voters: Vec<crate::input::Id> = ["a", "b", "c"].map(Into::into).into();
+    let voters: Vec<crate::input::Id> = ["a", "b"].map(Into::into).into();
     assert_eq!(open_voters(&records, &k, epoch), voters);
     store.apply(&records, &[]).unwrap();
     assert_eq!(store.get(&h_key).unwrap().as_deref(), Some(&unit_9[..]));
@@ -1001,7 +1050,9 @@ fn format_9_units_are_read_until_their_series_is_written() {
 
 /// A seal leaves its epoch's open values in the series records it does
 /// not rewrite; compaction takes them out once the seal is durable, keeps
-/// the series' state byte for byte and every open epoch's values.
+/// the series' state byte for byte and every open epoch's values. (Each
+/// vote here ties with another of the same reviewer and time, so that
+/// its series' record carries it, format 11.)
 #[test]
 fn compaction_drops_sealed_open_values_and_keeps_the_rest() {
     // Hour-long epochs: a batch closes (its series written) long before
@@ -1011,10 +1062,15 @@ fn compaction_drops_sealed_open_values_and_keeps_the_rest() {
     let epoch = cfg.reputation.epoch_of(t0);
     let store = Store::open(dir.path()).unwrap();
     let (mut engine, _) = store.load(cfg.clone()).unwrap();
-    let vote = |inf: &str, voter: &str, at: &str| {
-        format!(
-            r#"{{"inference_id":"{inf}","voter_id":"{voter}","voter_prompt_id":"r","vote":1,"timestamp":"2024-01-0{at}Z"}}"#
-        )
+    let mut tie = |inf: &str, voter: &str, at: &str| -> Vec<Record> {
+        let mut records = Vec::new();
+        for id in ["x1", "x2"] {
+            let line = format!(
+                r#"{{"inference_id":"{inf}","voter_id":"{voter}","voter_prompt_id":"r","vote":1,"vote_id":"{voter}{id}","timestamp":"2024-01-0{at}Z"}}"#
+            );
+            records.extend(vote_and_encode(&store, &mut engine, &opts, line.as_bytes()));
+        }
+        records
     };
     for (inf, voter, at) in [
         ("i1", "a", "1T00:00:01"),
@@ -1023,7 +1079,7 @@ fn compaction_drops_sealed_open_values_and_keeps_the_rest() {
         // Closes the batches of i1 and i2, whose epoch stays open.
         ("i3", "a", "1T00:10:00"),
     ] {
-        let records = vote_and_encode(&store, &mut engine, &opts, vote(inf, voter, at).as_bytes());
+        let records = tie(inf, voter, at);
         store.apply(&records, &[]).unwrap();
     }
     let stored = |inf: &str| {
@@ -1043,12 +1099,7 @@ fn compaction_drops_sealed_open_values_and_keeps_the_rest() {
     assert_eq!(epochs_of(&stored("i1")), [epoch, epoch]);
 
     // A vote a day later seals the epoch; i1 is not written again.
-    let records = vote_and_encode(
-        &store,
-        &mut engine,
-        &opts,
-        vote("i2", "c", "2T00:00:01").as_bytes(),
-    );
+    let records = tie("i2", "c", "2T00:00:01");
     assert!(records.iter().all(|(k, _)| *k != stored_key("i1")));
     store.apply(&records, &[]).unwrap();
     let before = stored("i1");
@@ -1092,7 +1143,8 @@ fn stored_key(inf: &str) -> Vec<u8> {
 /// they can) changes nothing a partition does: two stores get the same
 /// votes over six hour-long epochs, one compacted after each write, and
 /// both engines are reloaded from their stores every few votes (the open
-/// values then come from the series records compaction rewrote). Their
+/// values then come from the identities and from the series records
+/// compaction rewrote). Their
 /// events, learned weights included, are the same.
 #[test]
 fn compaction_after_every_write_changes_no_event() {
@@ -1108,26 +1160,32 @@ fn compaction_after_every_write_changes_no_event() {
         let (voter, item) = (n % 4, n / 4);
         let value = if voter == 3 { item % 2 } else { (item + 1) % 2 };
         let (h, m, s) = (n / 120, (n / 2) % 60, (n % 2) * 30);
-        let line = format!(
-            r#"{{"inference_id":"i{item}","voter_id":"v{voter}","voter_prompt_id":"r","vote":{value},"timestamp":"2024-01-01T{h:02}:{m:02}:{s:02}Z"}}"#
-        );
-        let v = crate::input::decode_vote(line.as_bytes(), &opts).unwrap();
-        for i in 0..2 {
-            let wants = engines[i].wants(&v);
-            stores[i].provide(&mut engines[i], &[wants]).unwrap();
-            let mut out = Vec::new();
-            engines[i].process(&v, &mut out);
-            events[i].extend(out.iter().map(|u| format!("{u:?}")));
-            weighed |= out.iter().any(|u| {
-                u.learned
-                    .as_ref()
-                    .is_some_and(|l| l.weights.iter().any(|&w| w != 1.0))
-            });
-            let mut records = Vec::new();
-            stores[i]
-                .encode_changes(&mut engines[i], &mut records)
-                .unwrap();
-            stores[i].apply(&records, &[]).unwrap();
+        // Every fifth vote ties with another of its reviewer and time
+        // (its slot then rides in its series' record, format 11).
+        let ties = if n % 5 == 0 { 2 } else { 1 };
+        for j in 0..ties {
+            let value = (value + j) % 2;
+            let line = format!(
+                r#"{{"inference_id":"i{item}","voter_id":"v{voter}","voter_prompt_id":"r","vote":{value},"vote_id":"n{n}-{j}","timestamp":"2024-01-01T{h:02}:{m:02}:{s:02}Z"}}"#
+            );
+            let v = crate::input::decode_vote(line.as_bytes(), &opts).unwrap();
+            for i in 0..2 {
+                let wants = engines[i].wants(&v);
+                stores[i].provide(&mut engines[i], &[wants]).unwrap();
+                let mut out = Vec::new();
+                engines[i].process(&v, &mut out);
+                events[i].extend(out.iter().map(|u| format!("{u:?}")));
+                weighed |= out.iter().any(|u| {
+                    u.learned
+                        .as_ref()
+                        .is_some_and(|l| l.weights.iter().any(|&w| w != 1.0))
+                });
+                let mut records = Vec::new();
+                stores[i]
+                    .encode_changes(&mut engines[i], &mut records)
+                    .unwrap();
+                stores[i].apply(&records, &[]).unwrap();
+            }
         }
         stores[1].db.compact_range::<&[u8], &[u8]>(None, None);
         if n % 37 == 36 {
@@ -1156,4 +1214,108 @@ fn compaction_after_every_write_changes_no_event() {
     };
     assert!(lingering(&stores[0]) > 0);
     assert_eq!(lingering(&stores[1]), 0);
+}
+
+/// One vote through `engine` and `store` as the service's cycle does it:
+/// read what it wants, process, sweep to the engine's horizon, write.
+fn cycle(store: &Store, engine: &mut Engine, opts: &crate::input::DecodeOptions, line: &str) {
+    let mut records = vote_and_encode(store, engine, opts, line.as_bytes());
+    if let Some(h) = engine.identity_horizon() {
+        records.splice(0..0, store.sweep(h, usize::MAX).unwrap());
+    }
+    store.apply(&records, &[]).unwrap();
+}
+
+/// The sealed deltas (`u` records) an engine's next drain writes.
+fn sealed_records(store: &Store, engine: &mut Engine) -> Vec<Record> {
+    let mut records = Vec::new();
+    store.encode_changes(engine, &mut records).unwrap();
+    records.retain(|(k, _)| k[0] == b'u');
+    records.sort();
+    records
+}
+
+/// Format 11: a series' record carries no open value its votes'
+/// identities hold; a restore rebuilds them from the identities of the
+/// open epoch (the retention sweep keeps those, with a retention of a
+/// minute against an hour-long epoch), a tie between two vote times and
+/// an identity a later vote took over pin the slot to the series' record,
+/// and the restored engine seals exactly what the one that never stopped
+/// seals.
+#[test]
+fn open_values_come_back_from_identities_with_ties_and_a_short_retention() {
+    let (mut cfg, opts, dir, _, _) = learned_setup();
+    cfg.reputation.epoch_ns = 3600 * 1_000_000_000;
+    cfg.retention_ns = 60 * 1_000_000_000;
+    let store = Store::open(dir.path()).unwrap();
+    let (mut engine, _) = store.load(cfg.clone()).unwrap();
+    let line = |inf: &str, voter: &str, id: &str, vote: u8, at: &str| {
+        format!(
+            r#"{{"inference_id":"{inf}","voter_id":"{voter}","voter_prompt_id":"r","vote":{vote},"vote_id":"{id}","timestamp":"2024-01-01T{at}Z"}}"#
+        )
+    };
+    let series = |inf: &str| SeriesKey {
+        inference_id: inf.into(),
+        voter_prompt_id: "r".into(),
+    };
+    let carried = |inf: &str| -> usize {
+        let v = store.get(&series_key_bytes(&series(inf))).unwrap().unwrap();
+        format::decode_series_open(&v).unwrap().unwrap().len()
+    };
+    for l in [
+        line("i1", "a", "k1", 1, "00:00:01"),
+        line("i1", "b", "k2", 0, "00:00:02"),
+        // A tie: b's two votes of one time (the later arrival wins).
+        line("i1", "b", "k3", 1, "00:00:02"),
+        line("i2", "c", "k4", 1, "00:00:03"),
+    ] {
+        cycle(&store, &mut engine, &opts, &l);
+    }
+    assert_eq!(carried("i1"), 1, "b's tie is pinned, a's is not");
+    assert_eq!(carried("i2"), 0);
+    assert_eq!(keys(&store, b"j"), 1);
+    // Ten minutes on: every identity is past the retention, and kept.
+    cycle(
+        &store,
+        &mut engine,
+        &opts,
+        &line("i3", "d", "k5", 1, "00:10:00"),
+    );
+    assert_eq!(keys(&store, b"d"), 5, "the open epoch's identities stay");
+    // k1 again, now forgotten: accepted, its identity names e's vote,
+    // and a's value (the slot of k1's old vote time) is pinned.
+    cycle(
+        &store,
+        &mut engine,
+        &opts,
+        &line("i1", "e", "k1", 0, "00:10:01"),
+    );
+    assert_eq!(carried("i1"), 2);
+    assert_eq!(engine.open_values(), 5);
+    let (mut restored, _) = store.load(cfg.clone()).unwrap();
+    assert_eq!(restored.open_values(), 5);
+    assert_eq!(
+        sealed_records(&store, &mut restored),
+        sealed_records(&store, &mut engine)
+    );
+
+    // The next epoch seals this one: both seal the same deltas, and the
+    // sweep may now forget the identities.
+    let next = line("i9", "z", "k9", 1, "01:30:00");
+    let v = crate::input::decode_vote(next.as_bytes(), &opts).unwrap();
+    let wants = restored.wants(&v);
+    store.provide(&mut restored, &[wants]).unwrap();
+    restored.process(&v, &mut Vec::new());
+    let want = sealed_records(&store, &mut restored);
+    let mut records = vote_and_encode(&store, &mut engine, &opts, next.as_bytes());
+    store.apply(&records, &[]).unwrap();
+    records.retain(|(k, _)| k[0] == b'u');
+    records.sort();
+    assert!(!want.is_empty());
+    assert_eq!(records, want);
+    let h = engine.identity_horizon().unwrap();
+    store
+        .apply(&store.sweep(h, usize::MAX).unwrap(), &[])
+        .unwrap();
+    assert_eq!(keys(&store, b"d"), 1, "only the new epoch's vote");
 }

@@ -34,7 +34,11 @@
 //! written anyway in each cycle one of them changes), and the store
 //! derives a local index of them (`j`, never sent) instead of `h` records
 //! (format 9's still read while their series' value is older than 10, and
-//! deleted at their epoch's seal).
+//! deleted at their epoch's seal); 11 an identity's value may end with its
+//! vote's value (SPEC §14's open value, read back from the identities of
+//! open epochs at a restore), and a series' value starts with the open
+//! values it still carries (those the identities cannot say, and format
+//! 10's until their seal; usually none: one byte), its state after them.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
@@ -44,17 +48,17 @@ use crate::engine::agreement::{ReviewerStats, RubricSums};
 use crate::engine::board::{BoardKey, BoardRow};
 use crate::engine::reputation::{Epoch, OpenValue};
 use crate::engine::score::Evidence;
-use crate::engine::{Batch, BatchKey, Entry, Meta, Pending, SeriesKey, SeriesState};
+use crate::engine::{Batch, BatchKey, Entry, Meta, Pending, SeriesKey, SeriesState, Voted};
 use crate::input::Id;
 use crate::time::Nanos;
 
 mod reputation;
 
-use reputation::OpenRef;
 pub use reputation::*;
+use reputation::{series_parts, SeriesParts};
 
 /// The format this build writes.
-pub const FORMAT: u8 = 10;
+pub const FORMAT: u8 = 11;
 
 /// The first format with the format byte; every value of 7 reads as 8.
 pub const FIRST_TAGGED: u8 = 7;
@@ -63,7 +67,7 @@ pub const FIRST_TAGGED: u8 = 7;
 pub const HEADER: &str = "jurystream-format";
 
 /// [`FORMAT`] as the header's value.
-pub const HEADER_VALUE: &[u8] = b"10";
+pub const HEADER_VALUE: &[u8] = b"11";
 
 /// A value this build cannot read.
 #[derive(Debug, Error)]
@@ -78,7 +82,7 @@ pub enum FormatError {
         #[source]
         source: postcard::Error,
     },
-    #[error("identity value is not a 16-byte vote time (format 7 and 8) followed by a vote's series and voter (format 9)")]
+    #[error("identity value is not a 16-byte vote time (format 7 and 8) followed by a vote's series and voter (format 9) and value (format 11)")]
     Identity,
     #[error("changelog header {HEADER} = {0:?} is not a format this build knows")]
     Header(String),
@@ -120,7 +124,7 @@ pub fn decode_value<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
 pub fn changelog_is_tagged(header: Option<&[u8]>) -> Result<bool, FormatError> {
     match header {
         None => Ok(false),
-        Some(b"7" | b"8" | b"9" | b"10") => Ok(true),
+        Some(b"7" | b"8" | b"9" | b"10" | b"11") => Ok(true),
         Some(other) => Err(FormatError::Header(
             String::from_utf8_lossy(other).into_owned(),
         )),
@@ -227,9 +231,9 @@ impl From<SeriesIn> for SeriesState {
     }
 }
 
-/// A series' value (format 10): its state, then its open values of every
-/// epoch (SPEC §14; none unless reputation is on), each (epoch, reviewer,
-/// vote time, value).
+/// A series' value (format 11): the open values it carries (SPEC §14;
+/// see [`crate::engine::OpenValues`]), each (epoch, reviewer, vote time,
+/// value), then its state.
 pub fn encode_series<'a>(
     s: &SeriesState,
     open: impl ExactSizeIterator<Item = (Epoch, &'a Id, OpenValue)> + Clone,
@@ -249,21 +253,16 @@ pub fn encode_series<'a>(
         companion_evidence: each(&s.companion_evidence, |&e| EvidenceL::from(e)),
     };
     let open = Seq(open.map(|(epoch, voter, v)| (epoch, &**voter, v.timestamp, v.value)));
-    encode(&(state, open))
+    encode(&(open, state))
 }
 
 pub fn decode_series(v: &[u8]) -> Result<SeriesState, FormatError> {
-    let (format, bytes) = payload(v)?;
-    let layout = |source| FormatError::Layout { format, source };
-    if format < 10 {
-        return postcard::from_bytes::<SeriesIn>(bytes)
-            .map(Into::into)
-            .map_err(layout);
-    }
     // The open values are the engine's from its restore on (see
     // `decode_series_open`); read here, borrowed, so that the value is whole.
-    let (state, _): (SeriesIn, OpenRef<'_>) = postcard::from_bytes(bytes).map_err(layout)?;
-    Ok(state.into())
+    let SeriesParts { format, state, .. } = series_parts(v)?;
+    postcard::from_bytes::<SeriesIn>(state)
+        .map(Into::into)
+        .map_err(|source| FormatError::Layout { format, source })
 }
 
 #[derive(Serialize)]
@@ -376,20 +375,26 @@ pub fn decode_meta(v: &[u8]) -> Result<Meta, FormatError> {
 
 /// A vote identity's value: its vote time (16 bytes, little-endian), then
 /// (format 9, when the vote's series keeps its voters) the vote's
-/// inference, rubric and voter.
-pub fn encode_identity(at: Nanos, voter: Option<(&SeriesKey, &str)>) -> Vec<u8> {
+/// inference, rubric and voter, then (format 11, when SPEC §14 collects)
+/// its value (postcard `Option<f64>`).
+pub fn encode_identity(at: Nanos, voted: Option<Voted<'_>>) -> Vec<u8> {
     let mut out = Vec::with_capacity(
-        17 + voter.map_or(0, |(k, v)| {
-            3 + k.inference_id.len() + k.voter_prompt_id.len() + v.len()
+        17 + voted.map_or(0, |v| {
+            12 + v.series.inference_id.len() + v.series.voter_prompt_id.len() + v.voter.len()
         }),
     );
     out.push(FORMAT);
     out.extend_from_slice(&at.to_le_bytes());
-    match voter {
+    let Some(v) = voted else {
+        return out;
+    };
+    let k = v.series;
+    let out = postcard::to_extend(&(&*k.inference_id, &*k.voter_prompt_id, v.voter), out);
+    match v.open {
         None => out,
-        Some((k, v)) => postcard::to_extend(&(&*k.inference_id, &*k.voter_prompt_id, v), out)
-            .expect("postcard into a Vec"),
+        Some(value) => out.and_then(|out| postcard::to_extend(&value, out)),
     }
+    .expect("postcard into a Vec")
 }
 
 /// The vote time and the rest of an identity's value.
@@ -411,17 +416,33 @@ pub fn decode_identity(v: &[u8]) -> Result<Nanos, FormatError> {
 /// The series and voter an identity's value carries (format 9 on; `None`
 /// for older values, whose voters have `v` records of their own).
 pub fn decode_identity_voter(v: &[u8]) -> Result<Option<(SeriesKey, Id)>, FormatError> {
+    Ok(decode_identity_vote(v)?.map(|(series, voter, _)| (series, voter)))
+}
+
+/// The series, voter and value an identity's value carries: the series
+/// and voter from format 9 on, the value (SPEC §14's open value, `Some`)
+/// from format 11 on when the mode collected it.
+#[allow(clippy::type_complexity)]
+pub fn decode_identity_vote(
+    v: &[u8],
+) -> Result<Option<(SeriesKey, Id, Option<Option<f64>>)>, FormatError> {
     let (format, _, rest) = identity_parts(v)?;
     if rest.is_empty() {
         return Ok(None);
     }
-    let (inference_id, voter_prompt_id, voter): (Id, Id, Id) =
-        postcard::from_bytes(rest).map_err(|source| FormatError::Layout { format, source })?;
+    let layout = |source| FormatError::Layout { format, source };
+    let ((inference_id, voter_prompt_id, voter), rest): ((Id, Id, Id), _) =
+        postcard::take_from_bytes(rest).map_err(layout)?;
+    let open = if rest.is_empty() || format < 11 {
+        None
+    } else {
+        Some(postcard::from_bytes::<Option<f64>>(rest).map_err(layout)?)
+    };
     let series = SeriesKey {
         inference_id,
         voter_prompt_id,
     };
-    Ok(Some((series, voter)))
+    Ok(Some((series, voter, open)))
 }
 
 /// `BoardRow`: series, Σ score, ambiguous, votes, Σ score².

@@ -1,5 +1,5 @@
-//! SPEC §14's records (formats 8 to 10): a series' open values as its
-//! value holds them (format 10), the `e` and `h` records of formats 8 and
+//! SPEC §14's records (formats 8 to 11): a series' open values as its
+//! value holds them (formats 10 and 11), the `e` and `h` records of formats 8 and
 //! 9 (still read), sealed deltas, and the keys of all three.
 
 use super::{decode, encode, payload, FormatError, SeriesIn};
@@ -8,24 +8,54 @@ use crate::engine::SeriesKey;
 use crate::input::Id;
 use crate::time::Nanos;
 
-/// A series' open values as format 10 stores them.
-type SeriesOpenL = Vec<(Epoch, Id, Nanos, Option<f64>)>;
+/// A series' open values as formats 10 and 11 store them, borrowed.
+type OpenRef<'a> = Vec<(Epoch, &'a str, Nanos, Option<f64>)>;
 
-/// [`SeriesOpenL`], borrowed.
-pub(super) type OpenRef<'a> = Vec<(Epoch, &'a str, Nanos, Option<f64>)>;
+/// A format-11 series value's layout bytes split: its open values
+/// (borrowed) and its state's bytes. An empty sequence (one zero byte,
+/// what most series values start with) is not decoded.
+fn series_open_11(format: u8, bytes: &[u8]) -> Result<(OpenRef<'_>, &[u8]), FormatError> {
+    match bytes.split_first() {
+        Some((0, state)) => Ok((Vec::new(), state)),
+        _ => postcard::take_from_bytes(bytes)
+            .map_err(|source| FormatError::Layout { format, source }),
+    }
+}
+
+/// A series value's parts: its format, its open values (borrowed; none
+/// before format 10) and its state's bytes, which format 11 writes after
+/// the open values and format 10 before them.
+pub(super) struct SeriesParts<'a> {
+    pub(super) format: u8,
+    pub(super) open: OpenRef<'a>,
+    pub(super) state: &'a [u8],
+}
+
+pub(super) fn series_parts(v: &[u8]) -> Result<SeriesParts<'_>, FormatError> {
+    let (format, bytes) = payload(v)?;
+    let layout = |source| FormatError::Layout { format, source };
+    let (open, state) = match format {
+        ..10 => (Vec::new(), bytes),
+        10 => {
+            let (_, rest) = postcard::take_from_bytes::<SeriesIn>(bytes).map_err(layout)?;
+            let open = postcard::from_bytes(rest).map_err(layout)?;
+            (open, &bytes[..bytes.len() - rest.len()])
+        }
+        _ => series_open_11(format, bytes)?,
+    };
+    Ok(SeriesParts {
+        format,
+        open,
+        state,
+    })
+}
 
 /// The epochs a series' value holds open values of (format 10 on; none
 /// for an older value), the values borrowed: what a store derives its
 /// local `j` index entries from.
 pub fn series_open_epochs(v: &[u8]) -> Result<smallvec::SmallVec<[Epoch; 2]>, FormatError> {
-    let (format, bytes) = payload(v)?;
     let mut epochs = smallvec::SmallVec::new();
-    if format < 10 {
-        return Ok(epochs);
-    }
-    let (_, open): (SeriesIn, OpenRef<'_>) =
-        postcard::from_bytes(bytes).map_err(|source| FormatError::Layout { format, source })?;
-    for (epoch, ..) in open {
+    for (epoch, ..) in series_parts(v)?.open {
         if !epochs.contains(&epoch) {
             epochs.push(epoch);
         }
@@ -35,38 +65,34 @@ pub fn series_open_epochs(v: &[u8]) -> Result<smallvec::SmallVec<[Epoch; 2]>, Fo
 
 /// Writes into `out` a series' value (format 10 on) without its open
 /// values of the epochs up to `sealed`, if it holds any; `false` when
-/// there is nothing to take out or the value is not a format-10 series
-/// (compaction keeps such a value as it is; a reader reports it). The
+/// there is nothing to take out or the value is not a series of format 10
+/// on (compaction keeps such a value as it is; a reader reports it). The
 /// format byte and the state's bytes are kept as they are.
 pub fn strip_sealed(v: &[u8], sealed: Epoch, out: &mut Vec<u8>) -> bool {
-    let Ok((format, bytes)) = payload(v) else {
+    let Ok(parts) = series_parts(v) else {
         return false;
     };
-    if format < 10 {
+    if !parts.open.iter().any(|&(epoch, ..)| epoch <= sealed) {
         return false;
     }
-    let Ok((_, rest)) = postcard::take_from_bytes::<SeriesIn>(bytes) else {
-        return false;
-    };
-    let Ok(open) = postcard::from_bytes::<OpenRef<'_>>(rest) else {
-        return false;
-    };
-    if !open.iter().any(|&(epoch, ..)| epoch <= sealed) {
-        return false;
-    }
-    out.clear();
-    out.extend_from_slice(&v[..v.len() - rest.len()]);
-    let kept: OpenRef<'_> = open
+    let kept: OpenRef<'_> = parts
+        .open
         .into_iter()
         .filter(|&(epoch, ..)| epoch > sealed)
         .collect();
-    match postcard::to_extend(&kept, std::mem::take(out)) {
-        Ok(bytes) => {
-            *out = bytes;
-            true
-        }
-        Err(_) => false,
+    let Ok(kept) = postcard::to_allocvec(&kept) else {
+        return false;
+    };
+    out.clear();
+    out.push(parts.format);
+    if parts.format >= 11 {
+        out.extend_from_slice(&kept);
+        out.extend_from_slice(parts.state);
+    } else {
+        out.extend_from_slice(parts.state);
+        out.extend_from_slice(&kept);
     }
+    true
 }
 
 /// A series' open values: (epoch, reviewer, value) each.
@@ -75,15 +101,17 @@ pub type SeriesOpen = Vec<(Epoch, Id, OpenValue)>;
 /// A series' open values of every epoch, as its value holds them (format
 /// 10 on; `None` for an older value, whose values are in its `h` records).
 pub fn decode_series_open(v: &[u8]) -> Result<Option<SeriesOpen>, FormatError> {
-    let (format, bytes) = payload(v)?;
-    if format < 10 {
+    let parts = series_parts(v)?;
+    if parts.format < 10 {
         return Ok(None);
     }
-    let (_, open): (SeriesIn, SeriesOpenL) =
-        postcard::from_bytes(bytes).map_err(|source| FormatError::Layout { format, source })?;
     Ok(Some(
-        open.into_iter()
-            .map(|(epoch, voter, timestamp, value)| (epoch, voter, OpenValue { timestamp, value }))
+        parts
+            .open
+            .into_iter()
+            .map(|(epoch, voter, timestamp, value)| {
+                (epoch, voter.into(), OpenValue { timestamp, value })
+            })
             .collect(),
     ))
 }
