@@ -258,13 +258,6 @@ impl Store {
         fold: &mut OpenFold,
     ) -> Result<(), StoreError> {
         let start = from.map_or_else(|| b"t".to_vec(), |at| time_index_key(at, &[]));
-        let mut opts = rocksdb::ReadOptions::default();
-        opts.set_total_order_seek(true);
-        opts.set_iterate_upper_bound(&b"u"[..]);
-        let iter = self.db.iterator_opt(
-            rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward),
-            opts,
-        );
         let mut keys = Vec::with_capacity(MULTI_GET);
         let mut read = |keys: &mut Vec<Vec<u8>>| {
             self.multi_get(keys, |i, v| {
@@ -286,11 +279,8 @@ impl Store {
             keys.clear();
             Ok::<_, StoreError>(())
         };
-        for item in iter {
-            let (k, _) = item.map_err(|e| self.rocks(e))?;
-            if k.len() != 33 || k[0] != b't' {
-                return Err(self.corrupt(&k, "bad identity index key"));
-            }
+        for k in self.time_index(&start, b"u") {
+            let k = k?;
             keys.push([&b"d"[..], &k[17..]].concat());
             if keys.len() == MULTI_GET {
                 read(&mut keys)?;

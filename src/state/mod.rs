@@ -501,6 +501,28 @@ impl Store {
         self.db.flush().map_err(|e| self.rocks(e))
     }
 
+    /// The `t` index keys from `from` up to `to` (excluded), in order,
+    /// each checked to be one.
+    pub(super) fn time_index<'a>(
+        &'a self,
+        from: &[u8],
+        to: &[u8],
+    ) -> impl Iterator<Item = Result<Box<[u8]>, StoreError>> + 'a {
+        let mut opts = ReadOptions::default();
+        opts.set_total_order_seek(true);
+        opts.set_iterate_lower_bound(from);
+        opts.set_iterate_upper_bound(to);
+        self.db
+            .iterator_opt(IteratorMode::From(from, Direction::Forward), opts)
+            .map(|item| {
+                let (k, _) = item.map_err(|e| self.rocks(e))?;
+                if k.len() != 33 || k[0] != b't' {
+                    return Err(self.corrupt(&k, "bad identity index key"));
+                }
+                Ok(k)
+            })
+    }
+
     /// Records that forget up to `limit` identities whose vote time is
     /// before `horizon` (SPEC §4 retention): deletes of the identity and of
     /// its index entry, and, for an identity that carries its vote's series
@@ -514,21 +536,12 @@ impl Store {
     /// same cycle stays.
     pub fn sweep(&self, horizon: Nanos, limit: usize) -> Result<Vec<Record>, StoreError> {
         let mut from = self.sweep_from.lock().unwrap_or_else(|p| p.into_inner());
-        let mut opts = ReadOptions::default();
-        opts.set_total_order_seek(true);
-        opts.set_iterate_lower_bound(from.clone());
-        opts.set_iterate_upper_bound(time_index_key(horizon, &[]));
         let mut index = Vec::new();
-        for item in self
-            .db
-            .iterator_opt(IteratorMode::From(&from, Direction::Forward), opts)
+        for k in self
+            .time_index(&from, &time_index_key(horizon, &[]))
             .take(limit)
         {
-            let (k, _) = item.map_err(|e| self.rocks(e))?;
-            if k.len() != 33 || k[0] != b't' {
-                return Err(self.corrupt(&k, "bad identity index key"));
-            }
-            index.push(k);
+            index.push(k?);
         }
         let identities: Vec<Vec<u8>> = index
             .iter()
