@@ -249,8 +249,10 @@ impl Store {
     /// The open values the identities of votes at or after `from` (every
     /// vote of an open epoch, and only those: a vote's epoch is its
     /// window's, which starts at or before it, and the retention sweep
-    /// keeps them, `Engine::identity_horizon`) hold, into `fold`: found
-    /// by the `t` index, read in multi-gets of [`MULTI_GET`].
+    /// keeps them, `Engine::identity_horizon`) hold, into `fold`. Found by
+    /// the `t` index and read in multi-gets of [`MULTI_GET`], or, when
+    /// they are most of the stored identities ([`Store::scans_identities`]),
+    /// by one scan of them all.
     fn identities_open(
         &self,
         cfg: &EngineConfig,
@@ -258,24 +260,35 @@ impl Store {
         fold: &mut OpenFold,
     ) -> Result<(), StoreError> {
         let start = from.map_or_else(|| b"t".to_vec(), |at| time_index_key(at, &[]));
+        let mut add = |key: &[u8], v: &[u8]| {
+            let at = self.identity_time(key, v)?;
+            if from.is_some_and(|from| at < from) {
+                // (Only a scan meets these.)
+                return Ok(());
+            }
+            let vote = self.decoded(key, v, format::decode_identity_vote)?;
+            if let Some((series, voter, Some(value))) = vote {
+                let epoch = cfg.reputation.epoch_of(cfg.window_start(at));
+                let value = OpenValue {
+                    timestamp: at,
+                    value,
+                };
+                fold.identity((epoch, series, voter), value);
+            }
+            Ok::<_, StoreError>(())
+        };
+        if self.scans_identities(&start) {
+            for item in self.prefix(b"d") {
+                let (k, v) = item?;
+                add(&k, &v)?;
+            }
+            return Ok(());
+        }
         let mut keys = Vec::with_capacity(MULTI_GET);
         let mut read = |keys: &mut Vec<Vec<u8>>| {
-            self.multi_get(keys, |i, v| {
-                // An identity accepted again since (its `t` entry goes in
-                // the same write) or swept: nothing here.
-                let Some(v) = v else { return Ok(()) };
-                let at = self.identity_time(&keys[i], v)?;
-                let vote = self.decoded(&keys[i], v, format::decode_identity_vote)?;
-                if let Some((series, voter, Some(value))) = vote {
-                    let epoch = cfg.reputation.epoch_of(cfg.window_start(at));
-                    let value = OpenValue {
-                        timestamp: at,
-                        value,
-                    };
-                    fold.identity((epoch, series, voter), value);
-                }
-                Ok(())
-            })?;
+            // An identity accepted again since (its `t` entry goes in the
+            // same write) or swept: nothing here.
+            self.multi_get(keys, |i, v| v.map_or(Ok(()), |v| add(&keys[i], v)))?;
             keys.clear();
             Ok::<_, StoreError>(())
         };
@@ -287,6 +300,29 @@ impl Store {
             }
         }
         read(&mut keys)
+    }
+
+    /// Whether the identities from the `t` key `start` on are so large a
+    /// share of all (by RocksDB's estimate of the `t` index's files) that
+    /// one sequential scan of every identity reads them faster than a
+    /// point read each: a point read costs five to six times a scanned
+    /// record's (docs/PERFORMANCE.md, "Format 11"), so scan from a quarter
+    /// on. A store restored within a few epochs of its start, or with a
+    /// retention near the epoch's length, scans; one with the default 30
+    /// days of identities behind day-long epochs reads points. (Files
+    /// only: what a restart replays from the log into the memtable is
+    /// not counted, a small store's either way.)
+    fn scans_identities(&self, start: &[u8]) -> bool {
+        #[cfg(test)]
+        if let Some(scan) = super::tests::SCAN_IDENTITIES.get() {
+            return scan;
+        }
+        let sizes = self.db.get_approximate_sizes(&[
+            rocksdb::Range::new(b"t", start),
+            rocksdb::Range::new(start, b"u"),
+        ]);
+        let (older, open) = (sizes[0], sizes[1]);
+        older <= 3 * open
     }
 
     /// Hands the engine what `wants` name, read from the store (one
