@@ -26,7 +26,7 @@ pub enum Held {
     /// In its series' record: written by format 10, or **pinned** there
     /// because the identities cannot tell it apart (a tie between two
     /// votes' times, or a vote whose identity a later vote took over, see
-    /// [`Spare::pin`]).
+    /// [`super::Spare::pin`]).
     Series,
     /// In its unit's record (format 9's `h`).
     Unit,
@@ -83,11 +83,11 @@ impl ExactSizeIterator for InSeries<'_> {}
 
 /// What a restore rebuilds the open values from (format 11): the values
 /// series' records carry, each as it is, and the values of the identities
-/// of open epochs, folded as [`super::Spare::note`] does. A slot a series' record
-/// carries is the record's: the record is written whenever its slot
-/// changes, and a slot goes there exactly when the identities cannot say
-/// its value (a tie, a vote's identity taken over). Any other slot's votes
-/// each have their identity, and the latest vote time wins.
+/// of open epochs, folded as [`super::Spare::note`] does. A slot a
+/// series' record carries is the record's: the record is written whenever
+/// its slot changes, and a slot goes there exactly when the identities
+/// cannot say its value (a tie, a vote's identity taken over). Any other
+/// slot's votes each have their identity, and the latest vote time wins.
 #[derive(Debug, Default)]
 pub struct OpenFold {
     /// In key order, so that a restore rebuilds the same engine each time.
