@@ -35,6 +35,69 @@ fn float(out: &mut Vec<u8>, v: f64) {
     }
 }
 
+/// Formatted numbers that repeat from event to event: a learned weight
+/// is one number per reviewer and table, `table_until` one per epoch, and
+/// formatting them again in every event was a third of what `learned`
+/// mode's events add (SPEC §14). A direct-mapped cache per thread, keyed
+/// by the value's bits (a slot holds the last value that mapped to it).
+/// Hand-written: no crate caches formatted numbers, and this is a
+/// dozen lines.
+struct Memo {
+    slots: Box<[(u128, u8, [u8; SLOT_BYTES])]>,
+}
+
+/// The longest number written here: an f64 (`-2.2250738585072014e-308`,
+/// 24 bytes) or a quoted timestamp (32 bytes).
+const SLOT_BYTES: usize = 32;
+
+/// 2^11 slots of 64 bytes: 128 KiB per cache and thread.
+const MEMO_BITS: u32 = 11;
+
+impl Memo {
+    fn new() -> Memo {
+        Memo {
+            slots: vec![(0, 0, [0; SLOT_BYTES]); 1 << MEMO_BITS].into_boxed_slice(),
+        }
+    }
+
+    /// Fibonacci hashing of both halves: the top bits of the product.
+    fn slot(key: u128) -> usize {
+        let folded = (key as u64) ^ ((key >> 64) as u64).rotate_left(32);
+        (folded.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - MEMO_BITS)) as usize
+    }
+
+    /// Appends the bytes `write` writes for the value with bits `key` (of
+    /// one kind: floats and timestamps have a cache each), from the cache
+    /// when its slot holds them.
+    fn write(&mut self, out: &mut Vec<u8>, key: u128, write: impl FnOnce(&mut Vec<u8>)) {
+        let slot = &mut self.slots[Memo::slot(key)];
+        if slot.1 != 0 && slot.0 == key {
+            out.extend_from_slice(&slot.2[..usize::from(slot.1)]);
+            return;
+        }
+        let start = out.len();
+        write(out);
+        let bytes = &out[start..];
+        if bytes.len() <= SLOT_BYTES {
+            slot.0 = key;
+            slot.1 = bytes.len() as u8;
+            slot.2[..bytes.len()].copy_from_slice(bytes);
+        }
+    }
+}
+
+thread_local! {
+    static FLOATS: std::cell::RefCell<Memo> = std::cell::RefCell::new(Memo::new());
+    static TIMES: std::cell::RefCell<Memo> = std::cell::RefCell::new(Memo::new());
+}
+
+fn timestamp(out: &mut Vec<u8>, t: Nanos) {
+    let (buf, n) = timestamp_bytes(t);
+    out.push(b'"');
+    out.extend_from_slice(&buf[..n]);
+    out.push(b'"');
+}
+
 /// An object (or, with [`Json::array`], an array) being written: the
 /// opening bracket is written when it is opened, the closing one by
 /// [`Json::close`].
@@ -136,10 +199,37 @@ impl<'a> Json<'a> {
     /// A timestamp as [`crate::time::format_timestamp`] writes it.
     pub fn ts(&mut self, key: &str, t: Nanos) -> &mut Self {
         self.key(key);
-        let (buf, n) = timestamp_bytes(t);
-        self.out.push(b'"');
-        self.out.extend_from_slice(&buf[..n]);
-        self.out.push(b'"');
+        timestamp(self.out, t);
+        self
+    }
+
+    /// [`Json::ts`] of a timestamp that repeats from event to event.
+    pub fn ts_repeated(&mut self, key: &str, t: Nanos) -> &mut Self {
+        self.key(key);
+        TIMES.with_borrow_mut(|m| m.write(self.out, t as u128, |out| timestamp(out, t)));
+        self
+    }
+
+    /// [`Json::f64`] of a number that repeats from event to event.
+    pub fn f64_repeated(&mut self, key: &str, v: f64) -> &mut Self {
+        self.key(key);
+        FLOATS.with_borrow_mut(|m| m.write(self.out, v.to_bits().into(), |out| float(out, v)));
+        self
+    }
+
+    /// An array of numbers that repeat from event to event.
+    pub fn f64s_repeated(&mut self, key: &str, vs: &[f64]) -> &mut Self {
+        self.key(key);
+        self.out.push(b'[');
+        FLOATS.with_borrow_mut(|m| {
+            for (i, &v) in vs.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(b',');
+                }
+                m.write(self.out, v.to_bits().into(), |out| float(out, v));
+            }
+        });
+        self.out.push(b']');
         self
     }
 
@@ -173,6 +263,30 @@ impl<'a> Json<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A slot gives back only the value it was last given: keys that share
+    /// it (the same low or the same high 64 bits) are written afresh.
+    #[test]
+    fn a_memo_slot_answers_only_for_its_own_key() {
+        let a: u128 = 12_345;
+        let same = |k: &u128| Memo::slot(*k) == Memo::slot(a);
+        let high = (1u128..).map(|h| a + (h << 64)).find(same).unwrap();
+        let low = (a + 1..).find(same).unwrap();
+        let mut memo = Memo::new();
+        let mut out = Vec::new();
+        for (key, text) in [
+            (a, "a"),
+            (high, "high"),
+            (a, "a"),
+            (low, "low"),
+            (low, "low"),
+            (high, "high"),
+        ] {
+            let start = out.len();
+            memo.write(&mut out, key, |o| o.extend_from_slice(text.as_bytes()));
+            assert_eq!(&out[start..], text.as_bytes());
+        }
+    }
 
     /// Every string and number writes the bytes serde_json writes.
     #[test]
@@ -210,6 +324,60 @@ mod tests {
             let expected = serde_json::to_string(&serde_json::json!({ "k": v })).unwrap();
             assert_eq!(String::from_utf8(out).unwrap(), expected, "{v:?}");
         }
+        // The caches of repeated numbers write the same bytes, for values
+        // that share a slot (more values than slots) and come back.
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut values: Vec<f64> = floats.to_vec();
+        values.extend((0..3 << MEMO_BITS).map(|_| f64::from_bits(next())));
+        values.extend((0..3 << MEMO_BITS).map(|i| f64::from(i % 97) / 89.0));
+        for round in 0..2 {
+            let mut out = Vec::new();
+            let mut o = Json::object(&mut out);
+            o.f64s_repeated("a", &values);
+            for &v in &values {
+                o.f64_repeated("f", v);
+            }
+            o.close();
+            let mut expected = Vec::new();
+            let mut o = Json::object(&mut expected);
+            let mut a = o.open_array("a");
+            for &v in &values {
+                a.f64("", v);
+            }
+            a.close();
+            for &v in &values {
+                o.f64("f", v);
+            }
+            o.close();
+            assert!(out == expected, "floats, round {round}");
+        }
+        let times: Vec<Nanos> = (0..3 << MEMO_BITS)
+            .map(|i| match i % 3 {
+                0 => Nanos::from(next() as i64),
+                // Apart by 2^64 ns: the same low bits.
+                1 => Nanos::from(i % 89) * 3_600_000_000_000 + (Nanos::from(i % 2) << 64),
+                _ => Nanos::from(i) * 1_234_567,
+            })
+            .chain([Nanos::MIN, Nanos::MAX, 0, -1])
+            .collect();
+        for _ in 0..2 {
+            let (mut out, mut expected) = (Vec::new(), Vec::new());
+            let (mut o, mut e) = (Json::object(&mut out), Json::object(&mut expected));
+            for &t in &times {
+                o.ts_repeated("t", t);
+                e.ts("t", t);
+            }
+            o.close();
+            e.close();
+            assert!(out == expected, "timestamps");
+        }
+
         let mut out = Vec::new();
         let mut o = Json::object(&mut out);
         o.u64("a", u64::MAX)

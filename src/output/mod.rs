@@ -110,12 +110,9 @@ fn write_score_updated(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
     }
     ids.close();
     if let Some(l) = &u.learned {
-        let mut w = b.open_array("learned_weights");
-        for &x in &l.weights {
-            w.f64("", x);
-        }
-        w.close();
-        b.f64("step", l.step).ts("table_until", l.table_until);
+        b.f64s_repeated("learned_weights", &l.weights)
+            .f64("step", l.step)
+            .ts_repeated("table_until", l.table_until);
     }
     b.close();
     o.opt_f64("effective_votes", u.effective_votes);
@@ -147,11 +144,14 @@ fn write_ambiguity_flagged(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &st
         let omega = learned.map(|w| w[i]);
         v.str("vote_id", &e.vote_id)
             .str("voter_id", &e.voter_id)
-            .f64("value", e.value.unwrap_or_default())
-            .f64("weight", omega.map_or(e.weight, |w| e.weight * w))
-            .ts("timestamp", e.timestamp);
+            .f64("value", e.value.unwrap_or_default());
+        match omega {
+            Some(w) => v.f64_repeated("weight", e.weight * w),
+            None => v.f64("weight", e.weight),
+        };
+        v.ts("timestamp", e.timestamp);
         if let Some(w) = omega {
-            v.f64("learned_weight", w);
+            v.f64_repeated("learned_weight", w);
         }
         v.close();
     }
