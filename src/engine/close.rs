@@ -89,7 +89,8 @@ impl Engine {
         // `learned` (SPEC §14): each counted vote's ω in T_k, and (k − 1)·E.
         let learned = (self.cfg.reputation.learned() && !counted.is_empty()).then(|| {
             let (table, until) = self.table_for(&key.series.voter_prompt_id, key.window_start);
-            let weights: Vec<f64> = counted.iter().map(|e| table.weight(&e.voter_id)).collect();
+            let weights: smallvec::SmallVec<[f64; 4]> =
+                counted.iter().map(|e| table.weight(&e.voter_id)).collect();
             (weights, until)
         });
         let cfg = &self.cfg;

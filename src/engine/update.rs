@@ -60,8 +60,11 @@ pub struct ScoreUpdate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Learned {
     /// ω of each counted vote, in `votes` order (each vote's applied
-    /// weight is its `weight` × this).
-    pub weights: Vec<f64>,
+    /// weight is its `weight` × this). Inline up to four: most batches
+    /// hold one or two votes, and an allocation made here and freed by
+    /// the event encoder's thread was a visible part of what `learned`
+    /// mode adds to a replay.
+    pub weights: smallvec::SmallVec<[f64; 4]>,
     /// β, the damped step.
     pub step: f64,
     /// (k − 1)·E: the end of the newest epoch T_k holds.

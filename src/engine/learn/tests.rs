@@ -181,7 +181,7 @@ fn learned_without_tables_scores_as_off() {
     let (learned, _) = whole(Mode::Learned, &votes);
     assert_eq!(off.len(), 1);
     let l = learned[0].learned.clone().unwrap();
-    assert_eq!(l.weights, vec![1.0, 1.0]);
+    assert_eq!(l.weights.as_slice(), [1.0, 1.0]);
     assert_eq!(l.step, 1.0 - off[0].alpha);
     assert_eq!(
         ScoreUpdate {
