@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# SPEC §14 cost (issue 40), measured in pairs run at the same time: each
+# pair is one `off` run and one run in MODE, started together on the two
+# cores, so that both see the same machine; the ratio of their CPU
+# (user + system) is one sample, and the report is the mean over PAIRS
+# with one standard error. On this test machine the CPU of one run moves
+# by ±5 % from run to run and by more from hour to hour, so runs one after
+# the other (scripts/bench-reputation.sh) need ten rounds to say whether
+# a mode is within 10 % of `off`; a pair's ratio moves by ±2 %
+# (PERFORMANCE.md, "Measured in pairs"). Both runs of a pair compete for
+# the cores, which is not how either runs alone: use this to compare, and
+# bench-reputation.sh for absolute numbers.
+#   scripts/bench-pairs.sh [VOTES]     (default 1000000)
+# PAIRS (default 8) per mode; MODES (default "shadow learned");
+# EPOCH_SECONDS (default 3600); JURYSTREAM_BIN=PATH measures that binary
+# instead of building one.
+# KAFKA=1 also measures `jurystream run` on a backlog: per pair a fresh
+# test broker and topic (4 partitions) preloaded with the file, and two
+# groups with state directories of their own that consume it at the same
+# time, each until its group committed every input offset.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N="${1:-1000000}"
+PAIRS="${PAIRS:-8}"
+MODES="${MODES:-shadow learned}"
+EPOCH="${EPOCH_SECONDS:-3600}"
+WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
+mkdir -p "$WORK"
+INPUT="$WORK/votes-$N.jsonl"
+[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
+TARGET="${CARGO_TARGET_DIR:-target}"
+BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
+for mode in off $MODES; do
+    printf '[batching]\nwindow_seconds = 60\n[reputation]\nmode = "%s"\nepoch_seconds = %s\n' \
+        "$mode" "$EPOCH" > "$WORK/pair-$mode.toml"
+done
+cat "$INPUT" > /dev/null
+
+# summary LABEL: "mode off_cpu mode_cpu" lines on stdin, the ratios' mean.
+summary() {
+    python3 -c '
+import statistics as st, sys
+rows = {}
+for line in sys.stdin:
+    mode, off, cpu = line.split()
+    rows.setdefault(mode, []).append(float(cpu) / float(off))
+for mode, r in rows.items():
+    se = st.stdev(r) / len(r) ** 0.5 if len(r) > 1 else float("nan")
+    print(f"{sys.argv[1]} {mode}: {st.mean(r):.3f} x off ± {se:.3f} over {len(r)} pairs "
+          f"(median {st.median(r):.3f}; " + ", ".join(f"{x:.3f}" for x in r) + ")")' "$1"
+}
+
+# cpu_of FILE: user + system seconds that /usr/bin/time wrote to FILE.
+cpu_of() { awk '{ print $1 + $2 }' "$1"; }
+
+for mode in $MODES; do
+    for i in $(seq "$PAIRS"); do
+        # Alternate which of the two starts first.
+        if [ $((i % 2)) = 1 ]; then order="off $mode"; else order="$mode off"; fi
+        pids=()
+        for m in $order; do
+            /usr/bin/time -f "%U %S" -o "$WORK/pair-$m.time" \
+                "$BIN" replay --config "$WORK/pair-$m.toml" --input "$INPUT" > /dev/null 2>&1 &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        echo "$mode $(cpu_of "$WORK/pair-off.time") $(cpu_of "$WORK/pair-$mode.time")"
+    done
+done | tee "$WORK/pair-replay.txt" | summary replay
+
+if [ "${KAFKA:-0}" = 1 ]; then
+    PORT="${BENCH_PORT:-19196}"
+    BROKERS="127.0.0.1:$PORT"
+    . scripts/kafka-bench-lib.sh
+    # (BENCH_HELPER=PATH: an already built kafka_passthrough bench binary.)
+    HELPER="${BENCH_HELPER:-$(bench_exe kafka_passthrough)}"
+    trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+    TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
+    TICK="$(getconf CLK_TCK)"
+    for mode in $MODES; do
+        for i in $(seq "$PAIRS"); do
+            # A fresh broker each pair: the test broker keeps every topic
+            # in memory (PERFORMANCE.md, "Turn about in alternating order").
+            scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
+            scripts/broker.sh start "$PORT" >/dev/null
+            round="pair$$-$mode-$i"
+            preload "$BIN" "$round" "$INPUT" at_least_once "$BROKERS" "$WORK" >&2
+            declare -A pid=() waiter=()
+            n=0
+            for m in off "$mode"; do
+                n=$((n + 1))
+                reputation_config "$round" "$round-$m" "$WORK/state-$round-$m" \
+                    "127.0.0.1:$((PORT + 100 + n))" "$BROKERS" "$m" "$EPOCH" > "$WORK/$round-$m.toml"
+                rm -rf "$WORK/state-$round-$m"
+            done
+            for m in off "$mode"; do
+                "$BIN" run --config "$WORK/$round-$m.toml" > "$WORK/$round-$m.log" 2>&1 &
+                pid[$m]=$!
+            done
+            for m in off "$mode"; do
+                "$HELPER" wait "$BROKERS" "$round-votes" "$round-$m" "$TOTAL" > /dev/null &
+                waiter[$m]=$!
+            done
+            line="$mode"
+            for m in off "$mode"; do
+                # Each run's CPU when its own group has committed every
+                # offset (an idle `run` costs nothing measurable).
+                wait "${waiter[$m]}"
+                ticks=$(awk '{ print $14 + $15 }' "/proc/${pid[$m]}/stat")
+                line="$line $(python3 -c "print($ticks / $TICK)")"
+            done
+            for m in off "$mode"; do
+                kill -TERM "${pid[$m]}"
+                wait "${pid[$m]}" || true
+                rm -rf "$WORK/state-$round-$m"
+            done
+            echo "$line"
+        done
+    done | tee "$WORK/pair-run.txt" | summary run
+fi
