@@ -6,10 +6,12 @@
 # with one standard error. On this test machine the CPU of one run moves
 # by ±5 % from run to run and by more from hour to hour, so runs one after
 # the other (scripts/bench-reputation.sh) need ten rounds to say whether
-# a mode is within 10 % of `off`; a pair's ratio moves by ±2 %
-# (PERFORMANCE.md, "Measured in pairs"). Both runs of a pair compete for
-# the cores, which is not how either runs alone: use this to compare, and
-# bench-reputation.sh for absolute numbers.
+# a mode is within 10 % of `off`; within an hour a pair's ratio moves by
+# ±2 %, but between hours it still moves by several per cent
+# (PERFORMANCE.md, "Measured in pairs"): compare ratios of one hour.
+# Both runs of a pair compete for the cores, which is not how either runs
+# alone: use this to compare, and bench-reputation.sh for absolute
+# numbers.
 #   scripts/bench-pairs.sh [VOTES]     (default 1000000)
 # PAIRS (default 8) per mode; MODES (default "shadow learned");
 # EPOCH_SECONDS (default 3600); JURYSTREAM_BIN=PATH measures that binary
