@@ -40,7 +40,7 @@ fn float(out: &mut Vec<u8>, v: f64) {
 /// formatting them again in every event was a third of what `learned`
 /// mode's events add (SPEC §14). A direct-mapped cache per thread, keyed
 /// by the value's bits (a slot holds the last value that mapped to it).
-/// Hand-written: no crate caches formatted numbers, and this is a
+/// Hand-written: no crate caches formatted numbers, and this is a few
 /// dozen lines.
 struct Memo {
     slots: Box<[(u128, u8, [u8; SLOT_BYTES])]>,
