@@ -20,6 +20,9 @@ const UNIT_CAPACITY: usize = 6;
 /// A series' open values of one epoch: (reviewer, value).
 pub(super) type Unit = Vec<(Id, OpenSlot)>;
 
+/// A seal looks up this many series before it seals them.
+const SEAL_AHEAD: usize = 16;
+
 /// What [`Spare::note`] did.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Noted {
@@ -332,19 +335,30 @@ impl Engine {
                 break;
             }
             let mut sealer = reputation::Sealer::default();
-            for series in self.open_series.remove(&epoch).unwrap_or_default() {
-                // Evicted since (its values are parked), or listed twice.
-                let Some(e) = self.series.get_mut(&series) else {
-                    continue;
-                };
-                unit.clear();
-                let values = e.values.extract_if(.., |(k, ..)| *k == epoch);
-                unit.extend(values.map(|(_, voter, slot)| (voter, slot)));
-                if e.values.is_empty() {
-                    self.spare_values.keep(&mut e.values);
+            let listed = self.open_series.remove(&epoch).unwrap_or_default();
+            for block in listed.chunks(SEAL_AHEAD) {
+                // Each series' entry and values are cold: the block's
+                // lookups, independent of each other, miss together
+                // before its series are sealed one by one.
+                for series in block {
+                    if let Some(e) = self.series.get(series) {
+                        super::cache::prefetch(e.values.as_ptr());
+                    }
                 }
-                sealed_series += 1;
-                self.seal_unit(epoch, &series, &unit, &mut sealer);
+                for series in block {
+                    // Evicted since (its values are parked), or listed twice.
+                    let Some(e) = self.series.get_mut(series) else {
+                        continue;
+                    };
+                    unit.clear();
+                    let values = e.values.extract_if(.., |(k, ..)| *k == epoch);
+                    unit.extend(values.map(|(_, voter, slot)| (voter, slot)));
+                    if e.values.is_empty() {
+                        self.spare_values.keep(&mut e.values);
+                    }
+                    sealed_series += 1;
+                    self.seal_unit(epoch, series, &unit, &mut sealer);
+                }
             }
             for (series, unit) in self.parked_values.remove(&epoch).unwrap_or_default() {
                 self.seal_unit(epoch, &series, &unit, &mut sealer);
