@@ -8,7 +8,7 @@
 //! is not scanned again after every cycle.
 
 use super::agreement::reviewer_bytes;
-use super::memory::{block, id_block, slot};
+use super::memory::{block, id_block, prefetch, slot};
 use super::reputation::{Epoch, OpenValue};
 use super::{vote_identity, Engine, SeriesKey, SeriesState};
 use crate::input::{Id, Vote};
@@ -110,22 +110,6 @@ impl IdentityEntry {
         self.used_dirty = self.used() | if dirty { DIRTY } else { 0 };
         was
     }
-}
-
-/// Asks the CPU to start loading the cache line at `p`: a hint, with no
-/// effect on what the program computes (a prefetch never faults, so `p`
-/// may be dangling); nothing on other targets. Hand-written: one
-/// intrinsic, which std has.
-#[inline(always)]
-pub(super) fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch reads nothing into the program and never faults.
-    unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// Approximate memory of a cached identity: its hash table slot.

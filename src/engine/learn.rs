@@ -342,7 +342,7 @@ impl Engine {
                 // before its series are sealed one by one.
                 for series in block {
                     if let Some(e) = self.series.get(series) {
-                        super::cache::prefetch(e.values.as_ptr());
+                        super::memory::prefetch(e.values.as_ptr());
                     }
                 }
                 for series in block {

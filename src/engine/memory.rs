@@ -1,5 +1,6 @@
 //! How much memory the engine's cached entries cost: the sizes the cache
-//! (`cache.rs`) and the reviewers (`agreement.rs`) charge their entries.
+//! (`cache.rs`) and the reviewers (`agreement.rs`) charge their entries;
+//! and `prefetch`, to load an entry's memory ahead.
 
 use crate::input::Id;
 
@@ -26,4 +27,20 @@ pub(super) fn id_block(id: &Id) -> usize {
     } else {
         0
     }
+}
+
+/// Asks the CPU to start loading the cache line at `p`: a hint, with no
+/// effect on what the program computes (a prefetch never faults, so `p`
+/// may be dangling); nothing on other targets. Hand-written: one
+/// intrinsic, which std has.
+#[inline(always)]
+pub(super) fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing into the program and never faults.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
