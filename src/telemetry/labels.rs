@@ -117,6 +117,9 @@ pub(super) struct Series {
     pub(super) labels: ModelRubric,
     pub(super) updates: Counter,
     pub(super) flags: Option<Counter>,
+    /// SPEC §14's learned weights of the rubric, from its first learned
+    /// update (one histogram per rubric, shared by its models' entries).
+    pub(super) weight: Option<Histogram>,
     pub(super) freshness: Histogram,
     pub(super) score: Histogram,
     pub(super) last_freshness: FloatGauge,
@@ -153,6 +156,7 @@ impl SeriesTable {
             let s = Series {
                 updates: f.updates.get_or_create_owned(&labels),
                 flags: None,
+                weight: None,
                 freshness: f.freshness.get_or_create_owned(&labels),
                 score: f.score.get_or_create_owned(&labels),
                 last_freshness: f.last_freshness.get_or_create_owned(&labels),

@@ -401,19 +401,21 @@ impl Metrics {
             s.score.observe(u.score);
             s.last_freshness.set(freshness);
             s.last_update.set(now_seconds);
+            if let (Some(r), Some(l)) = (&self.reputation, &u.learned) {
+                // (The entry's rubric label is the capped one.)
+                let labels = &s.labels;
+                let h = s.weight.get_or_insert_with(|| {
+                    r.weight.get_or_create_owned(&Rubric {
+                        voter_prompt_id: labels.voter_prompt_id.clone(),
+                    })
+                });
+                for &w in &l.weights {
+                    h.observe(w);
+                }
+            }
         }
         self.batch_votes.observe(u.votes.len() as f64);
         self.batch_variance.observe(u.variance);
-        if let (Some(r), Some(l)) = (&self.reputation, &u.learned) {
-            let voter_prompt_id = lock(&self.series)
-                .rubrics
-                .map(&u.series.voter_prompt_id)
-                .to_owned();
-            let h = r.weight.get_or_create_owned(&Rubric { voter_prompt_id });
-            for &w in &l.weights {
-                h.observe(w);
-            }
-        }
     }
 
     /// SPEC §14: the end of the newest epoch `partition` has sealed.

@@ -466,3 +466,45 @@ fn board_rows_replace_the_last_ones() {
         "{text}"
     );
 }
+
+#[test]
+fn learned_weights_are_observed_per_capped_rubric() {
+    let m = Metrics::with_reputation(1, true);
+    let learned = |weights: &[f64]| crate::engine::Learned {
+        weights: weights.iter().copied().collect(),
+        step: 0.5,
+        table_until: 0,
+    };
+    for (model, rubric, weights) in [
+        ("a", "r", &[0.25, 1.0][..]),
+        ("b", "r", &[2.5][..]),
+        ("a", "s", &[1.0][..]),
+        ("a", "t", &[1.0, 1.0][..]),
+    ] {
+        let mut u = update(Some(model), rubric, false);
+        u.learned = Some(learned(weights));
+        m.score_update(&u, 1.0);
+    }
+    // One update without weights (shadow or a batch scored before tables).
+    m.score_update(&update(Some("a"), "r", false), 1.0);
+    let text = m.render();
+    let count = |rubric: &str| {
+        let prefix = format!("{REPUTATION_WEIGHT}_count{{voter_prompt_id=\"{rubric}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+    };
+    // Both models' weights of `r` in one histogram; past the cap of one
+    // rubric value, `s` and `t` share the overflow label.
+    assert_eq!(count("r"), Some(3.0), "{text}");
+    assert_eq!(count("s"), None, "{text}");
+    let sum = format!("{REPUTATION_WEIGHT}_sum{{voter_prompt_id=\"r\"}} 3.75");
+    assert!(text.lines().any(|l| l == sum), "{text}");
+    let overflow: f64 = text
+        .lines()
+        .filter(|l| l.starts_with(&format!("{REPUTATION_WEIGHT}_count{{")))
+        .filter(|l| !l.contains("voter_prompt_id=\"r\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(overflow, 3.0, "{text}");
+}
