@@ -20,6 +20,11 @@
 # test broker and topic (4 partitions) preloaded with the file, and two
 # groups with state directories of their own that consume it at the same
 # time, each until its group committed every input offset.
+# LIVE=1 (with KAFKA=1) also measures `run` at a live rate: per pair, two
+# groups (off and MODE) on one fresh topic, both ready before votes are
+# produced to it at LIVE_RATE votes/s (default 20000) for LIVE_SECONDS
+# (default 30); each run's CPU from then until its group committed every
+# offset (bench-reputation.sh's live measure, the two runs at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N="${1:-1000000}"
@@ -120,4 +125,47 @@ if [ "${KAFKA:-0}" = 1 ]; then
             echo "$line"
         done
     done | tee "$WORK/pair-run.txt" | summary run
+fi
+
+if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
+    RATE="${LIVE_RATE:-20000}"
+    SECONDS_LIVE="${LIVE_SECONDS:-30}"
+    scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
+    scripts/broker.sh start "$PORT" >/dev/null
+    for mode in $MODES; do
+        for i in $(seq "$PAIRS"); do
+            live="pair$$-live-$mode-$i"
+            "$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" 1 0 > /dev/null
+            declare -A pid=() t0=()
+            n=0
+            for m in off "$mode"; do
+                n=$((n + 1))
+                listen="127.0.0.1:$((PORT + 100 + n))"
+                # No idle flush while the file's (past) vote times flow.
+                reputation_config "$live" "$live-$m" "$WORK/state-$live-$m" "$listen" \
+                    "$BROKERS" "$m" "$EPOCH" \
+                    | sed 's/^idle_flush_seconds = .*/idle_flush_seconds = 3600/' > "$WORK/$live-$m.toml"
+                rm -rf "$WORK/state-$live-$m"
+                "$BIN" run --config "$WORK/$live-$m.toml" > "$WORK/$live-$m.log" 2>&1 &
+                pid[$m]=$!
+                wait_ready "$listen"
+            done
+            for m in off "$mode"; do
+                t0[$m]=$(awk '{ print $14 + $15 }' "/proc/${pid[$m]}/stat")
+            done
+            read -r produced _ < <("$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" "$RATE" "$SECONDS_LIVE")
+            line="$mode"
+            for m in off "$mode"; do
+                "$HELPER" wait "$BROKERS" "$live-votes" "$live-$m" "$produced" > /dev/null
+                ticks=$(awk '{ print $14 + $15 }' "/proc/${pid[$m]}/stat")
+                line="$line $(python3 -c "print(($ticks - ${t0[$m]}) / $TICK)")"
+            done
+            for m in off "$mode"; do
+                kill -TERM "${pid[$m]}"
+                wait "${pid[$m]}" || true
+                rm -rf "$WORK/state-$live-$m"
+            done
+            echo "$line"
+        done
+    done | tee "$WORK/pair-live.txt" | summary live
 fi
