@@ -85,6 +85,8 @@ if [ "${KAFKA:-0}" = 1 ]; then
     trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
     TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
     TICK="$(getconf CLK_TCK)"
+    # ticks_of PID: the process's user + system clock ticks so far.
+    ticks_of() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
     for mode in $MODES; do
         for i in $(seq "$PAIRS"); do
             # A fresh broker each pair: the test broker keeps every topic
@@ -114,7 +116,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
                 # Each run's CPU when its own group has committed every
                 # offset (an idle `run` costs nothing measurable).
                 wait "${waiter[$m]}"
-                ticks=$(awk '{ print $14 + $15 }' "/proc/${pid[$m]}/stat")
+                ticks=$(ticks_of "${pid[$m]}")
                 line="$line $(python3 -c "print($ticks / $TICK)")"
             done
             for m in off "$mode"; do
@@ -151,13 +153,13 @@ if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
                 wait_ready "$listen"
             done
             for m in off "$mode"; do
-                t0[$m]=$(awk '{ print $14 + $15 }' "/proc/${pid[$m]}/stat")
+                t0[$m]=$(ticks_of "${pid[$m]}")
             done
             read -r produced _ < <("$HELPER" pace "$BROKERS" "$live-votes" "$INPUT" "$RATE" "$SECONDS_LIVE")
             line="$mode"
             for m in off "$mode"; do
                 "$HELPER" wait "$BROKERS" "$live-votes" "$live-$m" "$produced" > /dev/null
-                ticks=$(awk '{ print $14 + $15 }' "/proc/${pid[$m]}/stat")
+                ticks=$(ticks_of "${pid[$m]}")
                 line="$line $(python3 -c "print(($ticks - ${t0[$m]}) / $TICK)")"
             done
             for m in off "$mode"; do

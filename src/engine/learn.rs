@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::memory::prefetch;
 use super::reputation::{self, Table};
 use super::*;
 
@@ -342,7 +343,7 @@ impl Engine {
                 // before its series are sealed one by one.
                 for series in block {
                     if let Some(e) = self.series.get(series) {
-                        super::memory::prefetch(e.values.as_ptr());
+                        prefetch(e.values.as_ptr());
                     }
                 }
                 for series in block {
