@@ -162,8 +162,15 @@ impl Engine {
     /// back from the topic: its own seals no longer enter them directly),
     /// and in `learned` mode a batch of epoch k waits until
     /// [`Engine::set_group_sealed`] says every partition sealed k − 2.
+    ///
+    /// Called again (the shell reads the group again from the topic's
+    /// beginning), it empties the tables and forgets the group's sealed
+    /// epoch, but keeps what this partition sealed and has not handed
+    /// over to publish yet: those deltas are in no table and on no topic,
+    /// and dropping them would leave them out of every table for good.
     pub fn share_tables(&mut self) {
-        self.shared = Some(Shared::default());
+        let s = self.shared.get_or_insert_with(Shared::default);
+        s.group_sealed = None;
         self.tables = Tables::default();
     }
 

@@ -174,15 +174,18 @@ impl Session {
 
     /// Live mode's idle flush: a partition that accepted no vote for
     /// `batching.idle_flush_seconds` (SPEC §2 v4: duplicates and rejected
-    /// records are no activity) moves its watermark to now − grace.
-    pub fn idle_flush(&mut self) -> Result<()> {
+    /// records are no activity) moves its watermark to now − grace, once
+    /// every record of it has been read (`read_to_end`: a partition whose
+    /// backlog is unread, just restored or resumed, is not idle).
+    pub fn idle_flush(&mut self, read_to_end: impl Fn(&Tp) -> bool) -> Result<()> {
         let idle = Duration::from_secs_f64(self.cfg.batching.idle_flush_seconds);
         let grace = crate::config::seconds_to_ns(self.cfg.batching.grace_seconds);
-        let due = idle_due(
+        let mut due = idle_due(
             self.parts.iter().map(|(tp, p)| (tp, p.last_accepted())),
             Instant::now(),
             idle,
         );
+        due.retain(|tp| read_to_end(tp));
         for tp in due {
             self.ensure_cycle()?;
             let now = wall_clock();

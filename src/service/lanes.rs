@@ -87,6 +87,10 @@ struct Lane {
     next: i64,
     /// The fetcher reported the partition's end since the last record.
     at_end: bool,
+    /// The fetcher delivered a record or reported the end since the lane
+    /// was split: librdkafka's cached high watermark can be from before
+    /// (an earlier assignment of the partition to this consumer).
+    heard: bool,
     /// Since when the loop waits for this lane.
     waiting: Option<Instant>,
 }
@@ -127,6 +131,7 @@ impl<C: ConsumerContext> Lanes<C> {
             topic,
             next,
             at_end: false,
+            heard: false,
             waiting: None,
         });
         Ok(())
@@ -142,6 +147,19 @@ impl<C: ConsumerContext> Lanes<C> {
         self.lanes.swap_remove(i);
         self.queues.swap_remove(i);
         self.current = None;
+    }
+
+    /// Whether every record of `tp` up to its end has been read: its lane
+    /// has heard from the fetcher since it was split and is caught up. A
+    /// partition without a lane (queued, restoring, paused) or whose first
+    /// fetch has not answered yet is not: the idle flush must never close
+    /// windows ahead of a backlog no one has read (SPEC §2, §14: every
+    /// vote of it would be late).
+    pub fn read_to_end(&self, consumer: &BaseConsumer<C>, tp: &Tp) -> bool {
+        self.lanes
+            .iter()
+            .find(|l| &l.tp == tp)
+            .is_some_and(|l| l.heard && l.caught_up(consumer))
     }
 
     /// Sleeps until a queue receives something, at most `d`.
@@ -244,11 +262,13 @@ impl Lane {
     fn delivered(&mut self, m: &BorrowedMessage<'_>) {
         self.next = m.offset() + 1;
         self.at_end = false;
+        self.heard = true;
         self.waiting = None;
     }
 
     fn ended(&mut self) {
         self.at_end = true;
+        self.heard = true;
         self.waiting = None;
     }
 

@@ -360,10 +360,11 @@ fn poll_loop(
             },
         }
         s.cleanup_unowned();
-        // Idle flush only once the consumer has nothing buffered: a backlog
-        // being worked through is not idleness.
+        // Idle flush only once the consumer has nothing buffered, and only
+        // for partitions read to their end: a backlog being worked through,
+        // or not fetched yet, is not idleness.
         if drained {
-            s.idle_flush()?;
+            s.idle_flush(|tp| lanes.read_to_end(consumer, tp))?;
         }
         // A cycle due while the one before it still commits grows until
         // that commit answers (or its held events reach the cap, then

@@ -422,3 +422,96 @@ fn a_batch_waits_for_the_group_and_survives_a_restart() {
         c.learned
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(150))]
+
+    /// `run`'s publication path: a partition's sealed deltas reach the
+    /// tables only as the shell takes them (`take_published`, at a
+    /// cycle's end) and every instance reads them back, and now and then
+    /// an instance reads the whole topic again (`share_tables`, then
+    /// every published delta), also between a seal and the cycle's end.
+    /// Each partition still emits what the oracle gives it: a delta sealed
+    /// but not yet taken survives the new start of the tables.
+    #[test]
+    fn deltas_sealed_before_a_new_start_of_the_tables_are_still_published(
+        g in gen(),
+        parts in 2usize..4,
+        turns in prop::collection::vec((any::<u8>(), 0u8..8), 400),
+    ) {
+        let votes = votes_of(&g);
+        let logs = split(&votes, parts);
+        let want = oracle(&logs);
+        let mut engines: Vec<Engine> = (0..parts)
+            .map(|_| {
+                let mut e = Engine::new(cfg_in(Mode::Learned));
+                e.share_tables();
+                e
+            })
+            .collect();
+        let mut got: Vec<Vec<ScoreUpdate>> = vec![Vec::new(); parts];
+        let mut next = vec![0usize; parts];
+        // The topic: every published delta, and each partition's seal.
+        let mut topic: Vec<(TermsKey, Terms)> = Vec::new();
+        let mut seals: Vec<Option<Epoch>> = vec![None; parts];
+        let publish = |engines: &mut Vec<Engine>,
+                       topic: &mut Vec<(TermsKey, Terms)>,
+                       seals: &mut Vec<Option<Epoch>>,
+                       got: &mut Vec<Vec<ScoreUpdate>>| {
+            for p in 0..engines.len() {
+                let (deltas, sealed) = engines[p].take_published();
+                for (k, t) in &deltas {
+                    for e in engines.iter_mut() {
+                        e.add_delta(&k.0, k.1, &k.2, t);
+                    }
+                }
+                topic.extend(deltas);
+                if sealed.is_some() {
+                    seals[p] = sealed;
+                }
+            }
+            let group = seals.iter().copied().min().flatten();
+            for (q, e) in engines.iter_mut().enumerate() {
+                e.set_group_sealed(group, &mut got[q]);
+            }
+        };
+        for (pick, action) in &turns {
+            let left: Vec<usize> = (0..parts).filter(|&p| next[p] < logs[p].len()).collect();
+            let Some(&p) = left.get(usize::from(*pick) % left.len().max(1)) else {
+                break;
+            };
+            let v = &logs[p][next[p]];
+            next[p] += 1;
+            engines[p].process(v, &mut got[p]);
+            match action {
+                // The cycle ends: what it sealed is published.
+                0..=2 => publish(&mut engines, &mut topic, &mut seals, &mut got),
+                // The instance reads the topic again, mid-cycle.
+                3 => {
+                    let group = seals.iter().copied().min().flatten();
+                    for (q, e) in engines.iter_mut().enumerate() {
+                        e.share_tables();
+                        for ((rubric, epoch, voter), t) in &topic {
+                            e.add_delta(rubric, *epoch, voter, t);
+                        }
+                        e.set_group_sealed(group, &mut got[q]);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for p in 0..parts {
+            for v in &logs[p][next[p]..] {
+                engines[p].process(v, &mut got[p]);
+            }
+        }
+        publish(&mut engines, &mut topic, &mut seals, &mut got);
+        for (p, e) in engines.iter_mut().enumerate() {
+            e.set_group_sealed(Some(Epoch::MAX), &mut got[p]);
+            e.close_all(&mut got[p]);
+        }
+        for p in 0..parts {
+            prop_assert_eq!(&got[p], &want[p], "partition {}", p);
+        }
+    }
+}
