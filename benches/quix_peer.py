@@ -1,4 +1,4 @@
-"""The Quix Streams peer of scripts/bench-peer.sh (issue 14): what a Python
+"""The Quix Streams peer of scripts/bench-peer.sh: what a Python
 team would build instead of jurystream, on the same broker and input.
 
     quix_peer.py BROKERS IN_TOPIC OUT_TOPIC GROUP STATE_DIR GUARANTEE

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Backtest benchmark (issue 13): a 9-point grid (3 λ × 3 windows) over the
+# Backtest benchmark: a 9-point grid (3 λ × 3 windows) over the
 # generated 1 000 000-vote file of bench-replay.sh, against one `replay` of
 # the same file (events to /dev/null), in the same run, turn about.
 # Target: the grid in under 3x the replay's time. Reports wall time and

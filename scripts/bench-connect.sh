@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# `jurystream connect` under load (issue 32): POST /v1/votes with NDJSON
+# `jurystream connect` under load: POST /v1/votes with NDJSON
 # batches of 1000 votes (votes/s), one-vote requests and Label Studio
 # webhooks (latency p50/p99), on loopback against the test broker
 # (scripts/bench_connect.py is the client). The input topic is created by a
 # short `jurystream run` first; connect then runs alone, and then (when
-# haproxy is installed) two instances behind haproxy (issue 41).
+# haproxy is installed) two instances behind haproxy.
 #   scripts/bench-connect.sh              ROUNDS (default 3) rounds
 # JURYSTREAM_BIN=PATH measures that binary instead of the release build.
 set -euo pipefail
@@ -59,7 +59,7 @@ PIDS+=("$RUN")
 wait_ready "http://$RUN_HTTP"
 kill -TERM "$RUN"; wait "$RUN" 2>/dev/null || true
 
-# Through a load balancer too (issue 41): Debian's haproxy in front of two
+# Through a load balancer too: Debian's haproxy in front of two
 # connect instances (health check on /readyz), as deploy/k8s runs the
 # webhook; skipped when haproxy is not installed.
 LB_PORT=$((HTTP_PORT + 3))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What SPEC §14's modes cost, counted in instructions instead of seconds
-# (issue 40): `jurystream replay` of the benchmark file under valgrind's
+# What SPEC §14's modes cost, counted in instructions instead of seconds:
+# `jurystream replay` of the benchmark file under valgrind's
 # callgrind in reputation.mode off, shadow and learned, and each mode's
 # count × off's. On this shared machine a mode's CPU time moves by 10–30 %
 # with the hour while the count of instructions the process executes (all

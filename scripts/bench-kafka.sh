@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end Kafka benchmark (issue #3): N votes preloaded on a 4-partition
+# End-to-end Kafka benchmark: N votes preloaded on a 4-partition
 # topic of the test broker; measures `jurystream run` from start until every
 # input offset is committed, against a passthrough (consume -> produce ->
 # flush -> commit, no scoring) on the same broker in the same run.

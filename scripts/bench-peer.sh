@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peer benchmark (issue 14): jurystream against the Quix Streams app a Python
+# Peer benchmark: jurystream against the Quix Streams app a Python
 # team would write for the same job (benches/quix_peer.py: per-vote decay
 # with Quix's RocksDB state and changelog), and a passthrough (consume ->
 # produce -> commit, no state) for scale, in one run on the test broker.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Query API under load (issue 12): point lookups (GET /v1/inferences/{id})
+# Query API under load: point lookups (GET /v1/inferences/{id})
 # against `jurystream run` while it processes votes, and the vote
 # throughput that costs.
 #   scripts/bench-query.sh [VOTES]     (default 1000000)

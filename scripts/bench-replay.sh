@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Replay benchmark (issue #2): a generated 1 000 000-vote file through
+# Replay benchmark: a generated 1 000 000-vote file through
 # `jurystream replay` (release build), next to a parse-only pass over the
 # same file. Reports votes/s and peak RSS.
 #   scripts/bench-replay.sh [VOTES]        (default 1000000)

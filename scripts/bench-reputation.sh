@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SPEC §14 cost (issue 40): `jurystream replay` of the benchmark file in
+# SPEC §14 cost: `jurystream replay` of the benchmark file in
 # reputation.mode off, shadow and learned, turn about, best of ROUNDS, and
 # what the open epochs add to the state and to the peak RSS. Turn about in
 # alternating order (off shadow learned, then learned shadow off, ...), and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `run` against its own engine and its peers (issue 42), in one run on the
+# `run` against its own engine and its peers, in one run on the
 # test broker (the prebuilt tansu of scripts/broker.sh, 4 partitions):
 #   scripts/bench-service.sh [VOTES]        (default 1000000)
 #
@@ -21,7 +21,7 @@
 #    `jurystream_vote_commit_latency_seconds` (each input record, from its
 #    read to its cycle's commit), interpolated within the histogram's
 #    buckets, scraped once everything produced is committed.
-# Targets (issue 42): run's CPU per vote <= 2x replay's in every mode;
+# Targets: run's CPU per vote <= 2x replay's in every mode;
 # exactly_once >= 0.8x at_least_once's throughput; exactly_once >= 5x
 # Quix's exactly-once throughput at >= 4x less CPU per vote.
 # PERF=1 also records each backlog `run` with `perf record -F 499` (to

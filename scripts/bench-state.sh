@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# State benchmark (issue 11): memory and time of a long history kept in
+# State benchmark: memory and time of a long history kept in
 # RocksDB.
 #   scripts/bench-state.sh [INFERENCES]     (default 1000000; try 10000000)
 # 1. generates the history (scripts/gen-history.py: INFERENCES inferences

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Load for `jurystream connect` (issue 32), standard library only.
+"""Load for `jurystream connect`, standard library only.
 
     python3 scripts/bench_connect.py URL TOKEN FIXTURE [--batches N] [--singles N] [--webhooks N]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates a long vote history (JSONL) for the state benchmarks (issue 11).
+"""Generates a long vote history (JSONL) for the state benchmarks.
 
     scripts/gen-history.py --inferences 1000000 --out /tmp/history-1m.jsonl
 

@@ -3,7 +3,7 @@
 
     scripts/gen-votes.py --votes 1000000 --out /tmp/votes-1m.jsonl
 
-Shape (issue #2): ~votes/5 inferences, each voted on by about 5 of 500
+Shape: ~votes/5 inferences, each voted on by about 5 of 500
 voters under one of 3 rubrics within a few minutes of its creation, the
 inferences spread over 6 hours; 2% bad lines; lines in arrival order (by
 timestamp, with a little jitter that stays inside the grace period).

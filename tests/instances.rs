@@ -1,6 +1,6 @@
 //! Three instances on one host, none given `JURYSTREAM_INSTANCE_ID`, in the
 //! default `exactly_once` mode: each takes its transactional id from its
-//! own state directory (issue 33: with the host name as the id they fenced
+//! own state directory (with the host name as the id they fenced
 //! one another in turn and published nothing), and together they publish
 //! exactly a replay's events. A second process on a state directory in use
 //! is refused. Skipped when tansu is not installed, unless

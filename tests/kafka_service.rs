@@ -322,11 +322,19 @@ fn kill_9_at_many_points(mode: &str, learned_mode: bool) {
 /// started: the restart restores it from the changelog). Nothing is lost;
 /// `after` leaves nothing to repeat, so the output is exactly the replay's.
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs a build with the test-hooks feature (scripts/test.sh)"
+)]
 fn kill_9_while_a_commit_is_in_flight_before_its_answer() {
     kill_9_while_a_commit_is_in_flight("before");
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs a build with the test-hooks feature (scripts/test.sh)"
+)]
 fn kill_9_while_a_commit_is_in_flight_after_its_answer() {
     kill_9_while_a_commit_is_in_flight("after");
 }

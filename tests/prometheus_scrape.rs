@@ -739,7 +739,7 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
     assert!(status.success(), "exit {status:?}\n{}", r.svc.log_text());
 }
 
-/// Metrics the service does not keep up to date yet (issue #5): commit
+/// Metrics the service does not keep up to date yet: commit
 /// cycles are never observed, and batches closed by the idle flush leave `open_batches`, `abstentions_total` and the watermark
 /// gauge where the last record left them. Run with `-- --ignored`.
 #[test]

@@ -432,7 +432,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// Cache sizes, write cycles and restarts from the store change no
-    /// answer (issue 11: outputs never depend on the cache).
+    /// answer (outputs never depend on the cache).
     #[test]
     fn the_cache_size_and_restarts_change_nothing(
         cfg in any_cfg(),

@@ -1,4 +1,4 @@
-//! Quality of learned reviewer reputation (SPEC §14; issue 40, "Quality"),
+//! Quality of learned reviewer reputation (SPEC §14, "Quality"),
 //! on vote logs with planted reviewers (`tests/reputation/gen_population.py`:
 //! honest, noisy, spammers, adversaries, a principled minority, and a
 //! reviewer with one dissent on a near-unanimous rubric) in two shapes:

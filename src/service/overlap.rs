@@ -65,8 +65,9 @@ pub struct Deferred {
     pub origin: String,
 }
 
-/// A test's pause in the committer (`JURYSTREAM_TEST_HOLD_COMMIT`, read
-/// at start; docs/testing.md): before the commit is asked for, or after it
+/// A test's pause in the committer (`JURYSTREAM_TEST_HOLD_COMMIT`, read at
+/// start, and only by a build with the `test-hooks` feature;
+/// docs/testing.md): before the commit is asked for, or after it
 /// answered, so that a kill -9 can land at either instant while the next
 /// cycle is processed. Unset, nothing pauses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,11 +88,19 @@ impl CommitHold {
         }
     }
 
-    /// The hold the environment asks for, if any.
+    /// The hold the environment asks for, if any: only in a build with
+    /// the `test-hooks` feature (the tests'); a production build never
+    /// pauses, whatever its environment says.
+    #[cfg(feature = "test-hooks")]
     pub fn from_env() -> Option<CommitHold> {
         std::env::var("JURYSTREAM_TEST_HOLD_COMMIT")
             .ok()
             .and_then(|v| CommitHold::parse(&v))
+    }
+
+    #[cfg(not(feature = "test-hooks"))]
+    pub fn from_env() -> Option<CommitHold> {
+        None
     }
 }
 

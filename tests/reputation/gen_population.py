@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Vote logs with planted reviewers, for the reputation quality tests
-(SPEC §14, issue 40; tests/reputation_quality.rs).
+(SPEC §14; tests/reputation_quality.rs).
 
     tests/reputation/gen_population.py --shape compact --seed 1 --out DIR
 
