@@ -30,8 +30,22 @@ export TANSU
 
 # Broker tests fail (instead of skipping) when the broker is missing.
 export JURYSTREAM_REQUIRE_BROKER=1
-cargo build --locked --bins
-cargo test --locked --no-fail-fast
+# test-hooks: the fault-injection seams some broker tests use (Cargo.toml);
+# the binary the tests run is built by cargo test itself.
+cargo test --locked --features test-hooks --no-fail-fast
+
+# The release binary, the one the README, the quickstart and the demos
+# run: it must stay under 100 MB (the C libraries are built without debug
+# info, Cargo.toml's profile.release.package sections).
+cargo build --release --locked --bins
+RELEASE="${CARGO_TARGET_DIR:-target}/release/jurystream"
+SIZE=$(stat -c %s "$RELEASE")
+echo "release binary: $SIZE bytes"
+if [ "$SIZE" -ge 100000000 ]; then
+    echo "the release binary is $SIZE bytes, over 100 MB: did a C library's" \
+        "profile.release.package section (debug = false) go?" >&2
+    exit 1
+fi
 
 # The project's own conformance cases (tests/conformance) ran in cargo test
 # above. The shared kit may hold newer cases: run it when it is there.

@@ -10,7 +10,19 @@ use jurystream::config::LogFormat;
 /// quality scores and ambiguity flags (GrandJury protocol), with RocksDB state
 /// and exactly-once Kafka delivery.
 #[derive(Parser)]
-#[command(name = "jurystream", version, about, long_about = None)]
+#[command(
+    name = "jurystream",
+    version,
+    about,
+    long_about = None,
+    after_help = "Exit status, the same in every command: 0 done; 2 the user's to fix: a \
+                  flag, the configuration (the message names the key), or a setting the \
+                  environment refuses (an address in use, a property librdkafka rejects, a \
+                  broker without transactions for exactly_once, a missing topic, a 4xx answer \
+                  to `query`); 1 any other failure (the broker, the state store, a server, the \
+                  input, an internal error); 3 `run` or `connect` stopped by a shutdown that \
+                  ran past its deadline."
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -44,7 +56,8 @@ pub enum Command {
     /// status 3 without finishing the cycle (nothing of it is committed; the
     /// next start redoes it). Broker outages are retried with backoff; a
     /// fenced producer or a corrupt state store stops the process with exit
-    /// status 1; a configuration error exits with status 2.
+    /// status 1; a configuration error, or a broker without the
+    /// transactions exactly_once needs, exits with status 2.
     Run(ServiceArgs),
     /// The front door between labelling tools and Kafka:
     /// POST /v1/votes (one vote, a JSON array or NDJSON; each checked and
@@ -113,9 +126,9 @@ pub enum Command {
     /// Ask a running service's query API and print the answer as pretty JSON.
     ///
     /// Any instance of the group answers for every partition (it asks the
-    /// instances in api.peers). Exit status 1 on an error answer (404 unknown
-    /// inference, 503 while a partition restores, 401 wrong token), whose
-    /// JSON goes to stderr.
+    /// instances in api.peers). An error answer's JSON goes to stderr; the
+    /// exit status is 2 for a 4xx (404 unknown inference, 401 wrong
+    /// token) and 1 for a 5xx (503 while a partition restores).
     Query(QueryArgs),
 }
 

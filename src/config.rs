@@ -74,6 +74,17 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// A configuration that cannot be loaded: the user's, exit status 2.
+impl crate::error::Classify for ConfigError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::Usage
+    }
+
+    fn retry(&self) -> crate::error::RetryHint {
+        crate::error::RetryHint::NoRetry
+    }
+}
+
 /// Everything a configuration holds, as loaded and validated. The sections
 /// are plain data; [`Config::engine`] is the engine's view of them, built
 /// once at load.

@@ -121,30 +121,6 @@ pub trait Classify: Error {
     }
 }
 
-/// Every state-store failure is the store's and is not retried: the
-/// process stops without committing anything partial (a directory held by
-/// another process is free again once it exits).
-impl Classify for crate::state::StoreError {
-    fn fault(&self) -> Fault {
-        Fault::Store
-    }
-
-    fn retry(&self) -> RetryHint {
-        RetryHint::NoRetry
-    }
-}
-
-/// A configuration that cannot be loaded: the user's, exit status 2.
-impl Classify for crate::config::ConfigError {
-    fn fault(&self) -> Fault {
-        Fault::Usage
-    }
-
-    fn retry(&self) -> RetryHint {
-        RetryHint::NoRetry
-    }
-}
-
 /// A Kafka client's error as the source of one of ours. rdkafka's
 /// `KafkaError` prints librdkafka's error code and also returns that code
 /// as its own `source()`, which a chain would print a second time; this
@@ -253,25 +229,6 @@ mod tests {
     }
 
     #[test]
-    fn store_errors_print_their_cause_once_and_are_not_retried() {
-        let e = crate::state::StoreError::Io {
-            path: "/s/outbox".into(),
-            source: std::io::Error::other("disk full"),
-        };
-        assert_eq!(chain(&e), "cannot write /s/outbox: disk full");
-        assert_eq!(e.fault(), Fault::Store);
-        assert_eq!(e.retry(), RetryHint::NoRetry);
-        let rocks = match crate::state::Store::open(std::path::Path::new("/dev/null/x")) {
-            Err(e) => e,
-            Ok(_) => panic!("a store under /dev/null"),
-        };
-        let text = chain(&rocks);
-        assert!(text.starts_with("RocksDB error at /dev/null/x: "), "{text}");
-        let cause = rocks.source().expect("the RocksDB error").to_string();
-        assert_eq!(text.matches(&cause).count(), 1, "{text}");
-    }
-
-    #[test]
     fn a_kafka_cause_prints_the_code_once() {
         use rdkafka::error::{KafkaError, RDKafkaErrorCode};
         let e = KafkaError::MessageProduction(RDKafkaErrorCode::ProducerFenced);
@@ -284,12 +241,5 @@ mod tests {
             cause.rdkafka_error_code(),
             Some(RDKafkaErrorCode::ProducerFenced)
         );
-    }
-
-    #[test]
-    fn config_errors_are_the_users() {
-        let e = crate::config::ConfigError("x: unknown key".into());
-        assert_eq!(e.fault(), Fault::Usage);
-        assert_eq!(e.retry(), RetryHint::NoRetry);
     }
 }

@@ -60,16 +60,20 @@ fn install_signal_handlers(timeout: Duration) -> std::io::Result<()> {
     Ok(())
 }
 
-/// How a command failed: a bad flag or configuration (exit status 2) or
-/// a failure while running (exit status 1); the message is printed once,
-/// by `main`.
+/// How a command failed, by whose fault (the same in every command, listed
+/// in `jurystream --help`): the user's — a flag, the configuration, or a
+/// setting the environment refuses (`Fault::Usage`) — exits with status 2,
+/// any other failure with 1. The message is printed once, by `main`.
 enum Failure {
     Usage(String),
     Failed(anyhow::Error),
 }
 
-impl<E: Into<anyhow::Error>> From<E> for Failure {
-    fn from(e: E) -> Failure {
+/// A command's error as a [`Failure`], by its [`Classify::fault`].
+fn failure<E: Classify + std::error::Error + Send + Sync + 'static>(e: E) -> Failure {
+    if e.fault() == Fault::Usage {
+        Failure::Usage(chain(&e))
+    } else {
         Failure::Failed(e.into())
     }
 }
@@ -89,8 +93,9 @@ fn start_service(
         cfg.log.format = f.into();
     }
     init_logging(cfg.log.format == LogFormat::Json);
-    install_signal_handlers(timeout(&cfg))
-        .map_err(|e| anyhow::anyhow!("cannot install the signal handlers: {e}"))?;
+    install_signal_handlers(timeout(&cfg)).map_err(|e| {
+        Failure::Failed(anyhow::Error::new(e).context("cannot install the signal handlers"))
+    })?;
     Ok(cfg)
 }
 
@@ -102,10 +107,7 @@ fn run(a: ServiceArgs) -> Outcome {
     let cfg = start_service(a.config, a.log_format, |c| {
         Duration::from_millis(c.kafka.shutdown_timeout_ms as u64)
     })?;
-    // Exit status 1 for every failure once the configuration loaded (a
-    // broker without transactions, a state directory in use: operations.md).
-    jurystream::service::run(cfg, &STOP)?;
-    Ok(())
+    jurystream::service::run(cfg, &STOP).map_err(failure)
 }
 
 fn connect(a: ServiceArgs) -> Outcome {
@@ -115,12 +117,7 @@ fn connect(a: ServiceArgs) -> Outcome {
             + Duration::from_millis(c.connect.produce_timeout_ms as u64)
             + Duration::from_secs(10)
     })?;
-    match jurystream::connect::run(cfg, &STOP) {
-        // The user's (an address, a property librdkafka rejects): exit
-        // status 2, as a configuration error.
-        Err(e) if e.fault() == Fault::Usage => Err(Failure::Usage(chain(&e))),
-        r => Ok(r?),
-    }
+    jurystream::connect::run(cfg, &STOP).map_err(failure)
 }
 
 fn produce(a: ProduceArgs) -> Outcome {
@@ -135,7 +132,7 @@ fn produce(a: ProduceArgs) -> Outcome {
             }
         }
     }
-    let n = jurystream::produce::produce(&a.input, &a.topic, &a.brokers, &props)?;
+    let n = jurystream::produce::produce(&a.input, &a.topic, &a.brokers, &props).map_err(failure)?;
     eprintln!(
         "produced {n} messages to {}, every one acknowledged by the broker",
         a.topic
@@ -148,8 +145,8 @@ fn consume(a: ConsumeArgs) -> Outcome {
         &a.brokers,
         &a.topics,
         a.idle_exit.map(Duration::from_secs_f64),
-    )?;
-    Ok(())
+    )
+    .map_err(failure)
 }
 
 fn replay(a: ReplayArgs) -> Outcome {
@@ -158,8 +155,9 @@ fn replay(a: ReplayArgs) -> Outcome {
         None => None,
         Some(addr) => {
             let m = jurystream::telemetry::Metrics::new(cfg.metrics.max_label_values as usize);
-            jurystream::server::serve(addr, m.clone(), Default::default())
-                .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+            jurystream::server::serve(addr, m.clone(), Default::default()).map_err(|e| {
+                Failure::Usage(format!("--metrics-listen: cannot listen on {addr}: {e}"))
+            })?;
             Some(m)
         }
     };
@@ -187,8 +185,7 @@ fn replay(a: ReplayArgs) -> Outcome {
     if metrics.is_some() && a.metrics_linger > 0 {
         std::thread::sleep(Duration::from_secs(a.metrics_linger));
     }
-    result?;
-    Ok(())
+    result.map(drop).map_err(failure)
 }
 
 /// `replay --partition-files`: every file's sealed deltas first, then each
@@ -235,15 +232,12 @@ fn backtest(a: BacktestArgs) -> Outcome {
     };
     let opts = raw.resolve(&cfg).map_err(usage)?;
     backtest::grid(&cfg, &opts).map_err(usage)?;
-    match backtest::run_and_print(&cfg, &opts, a.format == Format::Json) {
-        Err(backtest::BacktestError::Usage(u)) => Err(usage(u)),
-        r => Ok(r?),
-    }
+    backtest::run_and_print(&cfg, &opts, a.format == Format::Json).map_err(failure)
 }
 
 fn agreement(a: AgreementArgs) -> Outcome {
     let cfg = load_config(a.config.as_deref())?;
-    let (tally, summary) = jurystream::agreement::tally_file(&cfg, &a.input)?;
+    let (tally, summary) = jurystream::agreement::tally_file(&cfg, &a.input).map_err(failure)?;
     match a.format {
         Format::Json => println!(
             "{}",
@@ -265,7 +259,7 @@ fn reputation(a: ReputationArgs) -> Outcome {
     let cfg = load_config(a.config.as_deref())?;
     cfg.check_epochs()
         .map_err(|e: ConfigError| Failure::Usage(e.to_string()))?;
-    let (out, summary) = jurystream::reputation::report_file(&cfg, &a.input)?;
+    let (out, summary) = jurystream::reputation::report_file(&cfg, &a.input).map_err(failure)?;
     match a.format {
         Format::Json => println!("{}", serde_json::to_string(&out).unwrap_or_default()),
         Format::Table => print!("{}", jurystream::reputation::table(&out)),
@@ -283,7 +277,8 @@ fn reputation(a: ReputationArgs) -> Outcome {
 fn inspect(a: InspectArgs) -> Outcome {
     let cfg = load_config(a.config.as_deref())?;
     let initial_score = cfg.engine().initial_score;
-    let v = jurystream::inspect::inspect(&a.state_dir, &a.inference, initial_score)?;
+    let v = jurystream::inspect::inspect(&a.state_dir, &a.inference, initial_score)
+        .map_err(failure)?;
     println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     Ok(())
 }
@@ -301,7 +296,7 @@ fn query(a: QueryArgs) -> Outcome {
         (.., Some(r)) => format!("/v1/leaderboard?voter_prompt_id={r}"),
         _ => "/v1/leaderboard".to_owned(),
     };
-    let text = jurystream::api::client::query(&a.url, &path, a.token.as_deref())?;
+    let text = jurystream::api::client::query(&a.url, &path, a.token.as_deref()).map_err(failure)?;
     println!("{text}");
     Ok(())
 }

@@ -52,20 +52,15 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lifetime of one (keep-alive) connection.
 pub const CONNECTION_MAX_AGE: Duration = Duration::from_secs(60);
 
-/// Whether `headers` carry `Authorization: Bearer <token>`, compared
-/// without an early exit (timing does not reveal a prefix).
+/// Whether `headers` carry `Authorization: Bearer <token>`, compared in
+/// constant time (`subtle`: timing does not reveal a prefix).
 pub fn bearer_matches(headers: &axum::http::HeaderMap, token: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    given.is_some_and(|g| {
-        g.len() == token.len()
-            && g.bytes()
-                .zip(token.bytes())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-                == 0
-    })
+    given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())))
 }
 
 /// What `/metrics` and `/readyz` show: the service's metrics, or

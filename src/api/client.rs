@@ -10,7 +10,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::http::http_get;
+use super::http::{http_get, GetError};
 use crate::error::{Classify, Fault, RetryHint};
 
 /// A failure of `jurystream query`.
@@ -22,12 +22,20 @@ pub enum QueryError {
     Runtime(#[source] std::io::Error),
     /// `--url` is not an `http://host:port` URL: the user's. Not
     /// retriable.
-    #[error("{url}: bad URL: {reason}")]
-    BadUrl { url: String, reason: String },
+    #[error("{url}: not an http://HOST:PORT URL")]
+    BadUrl {
+        url: String,
+        #[source]
+        source: Option<axum::http::uri::InvalidUri>,
+    },
     /// The request failed: no connection (refused, reset), a broken
     /// answer. The service's or the network's; retriable.
-    #[error("{url}: {reason}")]
-    Request { url: String, reason: String },
+    #[error("{url}")]
+    Request {
+        url: String,
+        #[source]
+        source: GetError,
+    },
     /// No answer within 30 s: the service's (overloaded) or the
     /// network's. Retriable.
     #[error("{url}: no answer within 30 s")]
@@ -83,13 +91,13 @@ pub fn query(url: &str, path: &str, token: Option<&str>) -> Result<String, Query
         Ok(_) => {
             return Err(QueryError::BadUrl {
                 url: full,
-                reason: "not http://HOST:PORT".to_owned(),
+                source: None,
             })
         }
         Err(e) => {
             return Err(QueryError::BadUrl {
                 url: full,
-                reason: e.to_string(),
+                source: Some(e),
             })
         }
     }
@@ -105,7 +113,7 @@ pub fn query(url: &str, path: &str, token: Option<&str>) -> Result<String, Query
                 .await
             {
                 Err(_) => return Err(QueryError::Timeout { url: full }),
-                Ok(Err(reason)) => return Err(QueryError::Request { url: full, reason }),
+                Ok(Err(source)) => return Err(QueryError::Request { url: full, source }),
                 Ok(Ok(answer)) => answer,
             };
         let pretty = serde_json::from_slice::<serde_json::Value>(&body)

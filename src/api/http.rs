@@ -225,7 +225,7 @@ async fn gather<T: DeserializeOwned + Send + 'static>(
     api: &Arc<Api>,
     own: LocalAnswer<T>,
     path: String,
-) -> (Vec<LocalAnswer<T>>, Vec<String>) {
+) -> (Vec<LocalAnswer<T>>, Vec<PeerError>) {
     let mut answers = vec![own];
     let mut errors = Vec::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -235,8 +235,8 @@ async fn gather<T: DeserializeOwned + Send + 'static>(
         tasks.spawn(async move {
             let r = tokio::time::timeout(api.peer_timeout, fetch::<T>(&api, &url)).await;
             match r {
-                Ok(r) => r.map_err(|e| format!("{url}: {e}")),
-                Err(_) => Err(format!("{url}: no answer within api.peer_timeout_ms")),
+                Ok(r) => r.map_err(|why| PeerError::Peer { url, why }),
+                Err(_) => Err(PeerError::Timeout { url }),
             }
         });
     }
@@ -244,10 +244,51 @@ async fn gather<T: DeserializeOwned + Send + 'static>(
         match r {
             Ok(Ok(a)) => answers.push(a),
             Ok(Err(e)) => errors.push(e),
-            Err(e) => errors.push(format!("peer request failed: {e}")),
+            Err(e) => errors.push(PeerError::Task(e)),
         }
     }
     (answers, errors)
+}
+
+/// Why a GET failed before an answer was whole (peers' and `jurystream
+/// query`'s requests).
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error("bad URL")]
+    Url(#[source] axum::http::Error),
+    #[error("request failed")]
+    Request(#[source] hyper_util::client::legacy::Error),
+    #[error("reading the answer failed")]
+    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// What went wrong with one peer's answer (a 503 names each, with its
+/// causes: `error::Chain`).
+#[derive(Debug, thiserror::Error)]
+pub enum PeerError {
+    #[error("{url}")]
+    Peer {
+        url: String,
+        #[source]
+        why: FetchError,
+    },
+    #[error("{url}: no answer within api.peer_timeout_ms")]
+    Timeout { url: String },
+    #[error("peer request failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// A peer's answer that is not a usable one.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error(transparent)]
+    Get(#[from] GetError),
+    #[error("{status}: {body}")]
+    Status { status: StatusCode, body: String },
+    #[error("unreadable answer")]
+    Decode(#[source] serde_json::Error),
+    #[error("decoding the answer failed")]
+    Join(#[source] tokio::task::JoinError),
 }
 
 /// `GET url` with the bearer token if any: the status and the body (at
@@ -257,20 +298,18 @@ pub(super) async fn http_get(
     client: &Client<HttpConnector, Empty<Bytes>>,
     url: &str,
     token: Option<&str>,
-) -> Result<(StatusCode, Bytes), String> {
+) -> Result<(StatusCode, Bytes), GetError> {
     let mut req = hyper::Request::get(url);
     if let Some(t) = token.filter(|t| !t.is_empty()) {
         req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
-    let req = req
-        .body(Empty::new())
-        .map_err(|e| format!("bad URL: {e}"))?;
-    let resp = client.request(req).await.map_err(|e| e.to_string())?;
+    let req = req.body(Empty::new()).map_err(GetError::Url)?;
+    let resp = client.request(req).await.map_err(GetError::Request)?;
     let status = resp.status();
     let body = Limited::new(resp.into_body(), MAX_PEER_ANSWER)
         .collect()
         .await
-        .map_err(|e| e.to_string())?
+        .map_err(GetError::Body)?
         .to_bytes();
     Ok((status, body))
 }
@@ -278,24 +317,27 @@ pub(super) async fn http_get(
 async fn fetch<T: DeserializeOwned + Send + 'static>(
     api: &Api,
     url: &str,
-) -> Result<LocalAnswer<T>, String> {
+) -> Result<LocalAnswer<T>, FetchError> {
     let (status, body) = http_get(&api.client, url, api.token.as_deref()).await?;
     if !status.is_success() {
-        return Err(format!("{status}: {}", String::from_utf8_lossy(&body)));
+        let body = String::from_utf8_lossy(&body).into_owned();
+        return Err(FetchError::Status { status, body });
     }
     // Decoded off the runtime (a peer's voters list can be megabytes).
-    tokio::task::spawn_blocking(move || {
-        serde_json::from_slice(&body).map_err(|e| format!("unreadable answer: {e}"))
-    })
-    .await
-    .map_err(|e| format!("decoding the answer failed: {e}"))?
+    tokio::task::spawn_blocking(move || serde_json::from_slice(&body).map_err(FetchError::Decode))
+        .await
+        .map_err(FetchError::Join)?
 }
 
-fn unavailable(why: impl std::fmt::Display, peer_errors: &[String]) -> Response {
+fn unavailable(why: impl std::fmt::Display, peer_errors: &[PeerError]) -> Response {
     let mut msg = why.to_string();
     if !peer_errors.is_empty() {
         msg.push_str("; peers: ");
-        msg.push_str(&peer_errors.join("; "));
+        let named: Vec<String> = peer_errors
+            .iter()
+            .map(|e| crate::error::chain(e))
+            .collect();
+        msg.push_str(&named.join("; "));
     }
     let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg);
     r.headers_mut()

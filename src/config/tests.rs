@@ -516,3 +516,11 @@ fn reputation_defaults_ranges_and_the_epoch_rules() {
     assert!(err(short, &[]).contains("reputation.epoch_seconds"));
     assert!(load("[batching]\nwindow_seconds = 0\ngrace_seconds = 0.5\n[reputation]\nmode = \"learned\"\nepoch_seconds = 0.5", &[]).is_ok());
 }
+
+#[test]
+fn config_errors_are_the_users() {
+    use crate::error::Classify as _;
+    let e = ConfigError("x: unknown key".into());
+    assert_eq!(e.fault(), crate::error::Fault::Usage);
+    assert_eq!(e.retry(), crate::error::RetryHint::NoRetry);
+}

@@ -124,11 +124,16 @@ fn json(body: &[u8]) -> Result<Vec<&[u8]>, BadBody> {
                 .map_err(|e| BadBody(format!("the body is not a JSON array of votes: {e}")))?;
             Ok(votes.into_iter().map(|v| v.get().as_bytes()).collect())
         }
-        Some(b'{') => match serde_json::from_str::<&RawValue>(trimmed) {
-            Ok(v) => Ok(vec![v.get().as_bytes()]),
-            Err(e) if e.to_string().starts_with("trailing characters") => Ok(ndjson(body)),
-            Err(e) => Err(BadBody(format!("the body is not a JSON object: {e}"))),
-        },
+        Some(b'{') => {
+            let mut de = serde_json::Deserializer::from_str(trimmed);
+            match <&RawValue as serde::Deserialize>::deserialize(&mut de) {
+                Ok(v) if de.end().is_ok() => Ok(vec![v.get().as_bytes()]),
+                // A whole object with more after it: NDJSON without its
+                // Content-Type.
+                Ok(_) => Ok(ndjson(body)),
+                Err(e) => Err(BadBody(format!("the body is not a JSON object: {e}"))),
+            }
+        }
         _ => Err(BadBody(
             "the body must be a JSON object (one vote), a JSON array of votes, or NDJSON \
              (Content-Type: application/x-ndjson)"

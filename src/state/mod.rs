@@ -100,6 +100,19 @@ pub enum StoreError {
     },
 }
 
+/// Every state-store failure is the store's and is not retried: the
+/// process stops without committing anything partial (a directory held by
+/// another process is free again once it exits).
+impl crate::error::Classify for StoreError {
+    fn fault(&self) -> crate::error::Fault {
+        crate::error::Fault::Store
+    }
+
+    fn retry(&self) -> crate::error::RetryHint {
+        crate::error::RetryHint::NoRetry
+    }
+}
+
 /// A stored key and value, as RocksDB's iterator returns them.
 type KeyValue = (Box<[u8]>, Box<[u8]>);
 

@@ -1344,3 +1344,41 @@ fn open_values_come_back_from_identities_with_ties_and_a_short_retention() {
         .unwrap();
     assert_eq!(keys(&store, b"d"), 1, "only the new epoch's vote");
 }
+
+#[test]
+fn store_errors_print_their_cause_once_and_are_not_retried() {
+    use crate::error::Classify as _;
+    let e = StoreError::Io {
+        path: "/s/outbox".into(),
+        source: std::io::Error::other("disk full"),
+    };
+    assert_eq!(crate::error::chain(&e), "cannot write /s/outbox: disk full");
+    assert_eq!(e.fault(), crate::error::Fault::Store);
+    assert_eq!(e.retry(), crate::error::RetryHint::NoRetry);
+    let rocks = match Store::open(std::path::Path::new("/dev/null/x")) {
+        Err(e) => e,
+        Ok(_) => panic!("a store under /dev/null"),
+    };
+    let text = crate::error::chain(&rocks);
+    assert!(text.starts_with("RocksDB error at /dev/null/x: "), "{text}");
+    let cause = std::error::Error::source(&rocks).expect("the RocksDB error").to_string();
+    assert_eq!(text.matches(&cause).count(), 1, "{text}");
+}
+
+#[test]
+fn the_changelog_header_and_the_tagged_formats_follow_the_format_number() {
+    assert_eq!(format::HEADER_VALUE, format::FORMAT.to_string().as_bytes());
+    for f in format::FIRST_TAGGED..=format::FORMAT {
+        assert_eq!(
+            format::changelog_is_tagged(Some(f.to_string().as_bytes())).unwrap(),
+            true,
+            "{f}"
+        );
+    }
+    assert!(!format::changelog_is_tagged(None).unwrap());
+    let newer = (format::FORMAT + 1).to_string();
+    let older = (format::FIRST_TAGGED - 1).to_string();
+    for bad in [newer.as_str(), older.as_str(), "07", "", "x", "+9"] {
+        assert!(format::changelog_is_tagged(Some(bad.as_bytes())).is_err(), "{bad:?}");
+    }
+}

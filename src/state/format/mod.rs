@@ -66,8 +66,14 @@ pub const FIRST_TAGGED: u8 = 7;
 /// Changelog record header naming the format of its value (ASCII decimal).
 pub const HEADER: &str = "jurystream-format";
 
-/// [`FORMAT`] as the header's value.
-pub const HEADER_VALUE: &[u8] = b"11";
+/// [`FORMAT`] as the header's value, in ASCII decimal, derived from it (a
+/// format bump edits [`FORMAT`] only).
+pub const HEADER_VALUE: &[u8] = &HEADER_DIGITS;
+
+const HEADER_DIGITS: [u8; 2] = {
+    assert!(FORMAT >= 10 && FORMAT < 100, "two decimal digits");
+    [b'0' + FORMAT / 10, b'0' + FORMAT % 10]
+};
 
 /// A value this build cannot read.
 #[derive(Debug, Error)]
@@ -122,12 +128,18 @@ pub fn decode_value<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
 /// Whether a changelog record's headers say it is in a tagged format
 /// (`Ok(true)`), or it predates them (`Ok(false)`, untagged: format ≤ 6).
 pub fn changelog_is_tagged(header: Option<&[u8]>) -> Result<bool, FormatError> {
-    match header {
-        None => Ok(false),
-        Some(b"7" | b"8" | b"9" | b"10" | b"11") => Ok(true),
-        Some(other) => Err(FormatError::Header(
-            String::from_utf8_lossy(other).into_owned(),
-        )),
+    let Some(h) = header else {
+        return Ok(false);
+    };
+    // The formats with the format byte: FIRST_TAGGED up to this build's.
+    let format = std::str::from_utf8(h)
+        .ok()
+        .filter(|t| !t.starts_with('0') && t.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|t| t.parse::<u8>().ok())
+        .filter(|f| (FIRST_TAGGED..=FORMAT).contains(f));
+    match format {
+        Some(_) => Ok(true),
+        None => Err(FormatError::Header(String::from_utf8_lossy(h).into_owned())),
     }
 }
 
