@@ -146,6 +146,7 @@ fn consume(a: ConsumeArgs) -> Outcome {
         &a.topics,
         a.idle_exit.map(Duration::from_secs_f64),
     )
+    .map(drop)
     .map_err(failure)
 }
 

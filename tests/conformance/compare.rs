@@ -128,7 +128,7 @@ pub fn compare_documents(
     let exp = read_document(expected, expected_name);
     let act = read_document(actual, actual_name);
     let mut comparer = Comparer::default();
-    let mismatches = match (exp, act) {
+    let mismatches: Vec<String> = match (exp, act) {
         (Ok(e), Ok(a)) => {
             let mut diffs = Vec::new();
             comparer.cmp_value("", &e, &a, &mut diffs, None);

@@ -233,7 +233,8 @@ mod view {
                     // A held partition's batches move on (never past what
                     // the group has sealed + 2: later ones wait).
                     1 => {
-                        if let Some(h) = held.values_mut().nth(usize::from(b) % held.len().max(1)) {
+                        let n = held.len().max(1);
+                        if let Some(h) = held.values_mut().nth(usize::from(b) % n) {
                             let cap = group.group_sealed().map_or(h.needed, |g| (g + 2).max(h.needed));
                             h.needed = (h.needed + Epoch::from(b % 3)).min(cap);
                             h.tables.fold_through(h.needed - 2);
