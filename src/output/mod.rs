@@ -179,7 +179,8 @@ pub fn ambiguity_flagged_json(u: &ScoreUpdate, processed_at: &str) -> String {
     to_string(|out| write_ambiguity_flagged(out, u, processed_at))
 }
 
-/// The output topic an event goes to.
+/// The output topic an event goes to. Stored records name it by its code
+/// ([`Route::stored`]), not by its place here.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
 )]
@@ -201,6 +202,31 @@ impl Route {
     /// Position in [`Route::ALL`] (for per-route tables).
     pub fn index(self) -> usize {
         self as usize
+    }
+
+    /// The route's code in stored records (the cycle marker's floors and
+    /// outbox events, `crate::state::format`): fixed, whatever the order
+    /// of the variants. Formats 7 to 11 wrote postcard's variant index of
+    /// this enum, one byte of the same value, so their records read as
+    /// they are.
+    pub fn stored(self) -> u8 {
+        match self {
+            Route::Scores => 0,
+            Route::Flags => 1,
+            Route::Dlq => 2,
+            Route::Reputation => 3,
+        }
+    }
+
+    /// The route a stored code names (`None`: no route has it).
+    pub fn from_stored(code: u8) -> Option<Route> {
+        match code {
+            0 => Some(Route::Scores),
+            1 => Some(Route::Flags),
+            2 => Some(Route::Dlq),
+            3 => Some(Route::Reputation),
+            _ => None,
+        }
     }
 }
 

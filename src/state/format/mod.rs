@@ -14,6 +14,11 @@
 //! **Keys** never change layout: a new layout would be a new kind byte.
 //! Batch (`b`) and leaderboard (`l`) keys are postcard of the fields below.
 //!
+//! **The service's records** (its cycle marker and outbox chunks, the
+//! reputation topic's records) are laid out here too ([`service`]): the
+//! service converts its types to these layouts and back, and nothing
+//! outside `state` encodes a stored value.
+//!
 //! **Changelog records** carry the format in a header ([`HEADER`]) as well;
 //! a record without it was written by a build before format 7 (untagged,
 //! read by [`super::legacy`]). A directory below format 7 is rewritten to
@@ -53,9 +58,11 @@ use crate::input::Id;
 use crate::time::Nanos;
 
 mod reputation;
+mod service;
 
 pub use reputation::*;
 use reputation::{series_parts, SeriesParts};
+pub use service::*;
 
 /// The format this build writes.
 pub const FORMAT: u8 = 11;
@@ -92,6 +99,8 @@ pub enum FormatError {
     Identity,
     #[error("changelog header {HEADER} = {0:?} is not a format this build knows")]
     Header(String),
+    #[error("{what} code {code} is not one this build knows")]
+    Code { what: &'static str, code: u8 },
 }
 
 /// A value in the current format: the format byte, then `layout`.
