@@ -40,7 +40,6 @@ use rdkafka::ClientContext;
 use jurystream::config::Config;
 use jurystream::kafka::{client_config, send_waiting};
 use jurystream::service::{CycleMarker, Names, CHANGELOG_HEADER, CYCLE_KEY};
-use jurystream::state::encode_value;
 
 /// Key kinds that never go to a changelog: the local time index, shell
 /// positions, and the service's own marker and outbox.
@@ -225,11 +224,12 @@ fn main() {
         (0u64, 0u64, 0u64, 0u64, 0u64);
     let seal = |seq: &mut u64, records: &mut u64, bytes: &mut u64| {
         *seq += 1;
-        let m = encode_value(&CycleMarker {
+        let m = CycleMarker {
             seq: *seq,
             next_offset: a.next_offset,
             ..CycleMarker::initial()
-        });
+        }
+        .encode();
         send(&producer, &topic, a.partition, CYCLE_KEY, Some(&m));
         *records += 1;
         *bytes += (CYCLE_KEY.len() + m.len()) as u64;

@@ -181,9 +181,7 @@ pub fn ambiguity_flagged_json(u: &ScoreUpdate, processed_at: &str) -> String {
 
 /// The output topic an event goes to. Stored records name it by its code
 /// ([`Route::stored`]), not by its place here.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Route {
     /// `outputs.scores_topic`: every `score_updated`.
     Scores,

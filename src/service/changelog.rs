@@ -9,6 +9,11 @@
 //! - `c` → [`CycleMarker`]
 //! - `o` index (u32 BE) → [`OutboxChunk`]
 //!
+//! Their values are laid out by the state format
+//! (`crate::state::format::StoredMarker`, `encode_outbox_chunk`), like
+//! every stored value; the types here convert to and from those layouts
+//! (a route as its code, [`Route::stored`]).
+//!
 //! The live service keeps its last cycle's outbox chunks in a file of the
 //! partition's directory ([`OUTBOX_FILE`]) instead of RocksDB, where every
 //! cycle's events would be written, flushed and compacted again; a restore
@@ -21,10 +26,9 @@
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 use crate::output::Route;
-use crate::state::{decode_value, encode_value, format, Record, Store, StoreError};
+use crate::state::format::{self, StoredChunk, StoredEvent, StoredEventRef, StoredMarker};
+use crate::state::{FormatError, Record, Store, StoreError};
 
 /// The header every changelog record carries: the state format of its
 /// value (a record without it was written before format 7).
@@ -40,8 +44,9 @@ pub const CHANGELOG_POS: &str = "changelog";
 /// event gets a record of its own).
 pub const CHUNK_BYTES: usize = 256 * 1024;
 
-/// The record that seals one commit cycle of a partition in its changelog.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The record that seals one commit cycle of a partition in its changelog
+/// (stored as [`StoredMarker`]).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CycleMarker {
     /// Cycle number, per partition, from 1.
     pub seq: u64,
@@ -66,11 +71,51 @@ impl CycleMarker {
             ..CycleMarker::default()
         }
     }
+
+    /// The marker's value (`state::format::encode_marker`).
+    pub fn encode(&self) -> Vec<u8> {
+        format::encode_marker(&StoredMarker {
+            seq: self.seq,
+            next_offset: self.next_offset,
+            outbox_chunks: self.outbox_chunks,
+            delivered: self.delivered,
+            floors: self
+                .floors
+                .iter()
+                .map(|&(route, partition, offset)| (route.stored(), partition, offset))
+                .collect(),
+        })
+    }
+
+    /// A marker's value read back.
+    fn decode(v: &[u8]) -> Result<CycleMarker, FormatError> {
+        let m = format::decode_marker(v)?;
+        let floors = m
+            .floors
+            .into_iter()
+            .map(|(code, partition, offset)| route(code).map(|r| (r, partition, offset)))
+            .collect::<Result<Vec<_>, FormatError>>()?;
+        Ok(CycleMarker {
+            seq: m.seq,
+            next_offset: m.next_offset,
+            outbox_chunks: m.outbox_chunks,
+            delivered: m.delivered,
+            floors,
+        })
+    }
+}
+
+/// The route a stored code names; an unknown code is a corrupt record.
+fn route(code: u8) -> Result<Route, FormatError> {
+    Route::from_stored(code).ok_or(FormatError::Code {
+        what: "output route",
+        code,
+    })
 }
 
 /// One event waiting in the outbox: its route, explicit output partition,
-/// key and bytes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// key and bytes (stored as [`StoredEvent`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct OutEvent {
     pub route: Route,
     pub partition: i32,
@@ -78,18 +123,50 @@ pub struct OutEvent {
     pub payload: Vec<u8>,
 }
 
-/// An [`OutboxChunk`] to encode, its events borrowed.
-#[derive(Serialize)]
-struct OutboxChunkRef<'a> {
-    seq: u64,
-    events: &'a [OutEvent],
+impl OutEvent {
+    /// The event's stored layout, borrowed.
+    fn stored(&self) -> StoredEventRef<'_> {
+        StoredEventRef {
+            route: self.route.stored(),
+            partition: self.partition,
+            key: self.key.as_deref(),
+            payload: &self.payload,
+        }
+    }
+
+    fn from_stored(e: StoredEvent) -> Result<OutEvent, FormatError> {
+        Ok(OutEvent {
+            route: route(e.route)?,
+            partition: e.partition,
+            key: e.key,
+            payload: e.payload,
+        })
+    }
 }
 
-/// A slice of one cycle's outbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// A slice of one cycle's outbox (stored as [`StoredChunk`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct OutboxChunk {
     pub seq: u64,
     pub events: Vec<OutEvent>,
+}
+
+impl OutboxChunk {
+    /// A chunk's value read back.
+    fn decode(v: &[u8]) -> Result<OutboxChunk, FormatError> {
+        let StoredChunk { seq, events } = format::decode_outbox_chunk(v)?;
+        let events = events
+            .into_iter()
+            .map(OutEvent::from_stored)
+            .collect::<Result<Vec<_>, FormatError>>()?;
+        Ok(OutboxChunk { seq, events })
+    }
+}
+
+/// The value of an outbox chunk of cycle `seq` holding `events`
+/// (`state::format::encode_outbox_chunk`), encoded from the slice.
+fn encode_chunk(seq: u64, events: &[OutEvent]) -> Vec<u8> {
+    format::encode_outbox_chunk(seq, events.iter().map(OutEvent::stored))
 }
 
 /// Key of outbox chunk `i`.
@@ -244,17 +321,15 @@ pub fn seal_cycle(
     let mut records = Vec::new();
     let mut floors: Vec<(Route, i32, i64)> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
-    // Chunks are encoded from slices of the events (the same bytes as an
-    // `OutboxChunk`), without copying them.
+    // Chunks are encoded from slices of the events, without copying them.
     let mut first = 0usize;
     let mut bytes = 0usize;
     let mut chunks = 0u32;
     let mut flush = |from: usize, to: usize| {
-        let chunk = OutboxChunkRef {
-            seq,
-            events: &events[from..to],
-        };
-        records.push((outbox_key(chunks), Some(encode_value(&chunk))));
+        records.push((
+            outbox_key(chunks),
+            Some(encode_chunk(seq, &events[from..to])),
+        ));
         chunks += 1;
     };
     for (i, ev) in events.iter().enumerate() {
@@ -280,7 +355,7 @@ pub fn seal_cycle(
         delivered: chunks == 0,
         floors,
     };
-    records.push((CYCLE_KEY.to_vec(), Some(encode_value(&marker))));
+    records.push((CYCLE_KEY.to_vec(), Some(marker.encode())));
     (records, marker)
 }
 
@@ -331,7 +406,7 @@ fn corrupt(store: &Store, key: &[u8], why: impl ToString) -> StoreError {
 pub fn read_marker(store: &Store) -> Result<Option<CycleMarker>, StoreError> {
     match store.get(CYCLE_KEY)? {
         None => Ok(None),
-        Some(v) => decode_value(&v)
+        Some(v) => CycleMarker::decode(&v)
             .map(Some)
             .map_err(|e| corrupt(store, CYCLE_KEY, e)),
     }
@@ -348,7 +423,7 @@ pub fn read_outbox(store: &Store, marker: &CycleMarker) -> Result<Vec<OutEvent>,
         let v = store
             .get(&key)?
             .ok_or_else(|| corrupt(store, &key, "outbox chunk missing"))?;
-        let chunk: OutboxChunk = decode_value(&v).map_err(|e| corrupt(store, &key, e))?;
+        let chunk = OutboxChunk::decode(&v).map_err(|e| corrupt(store, &key, e))?;
         if chunk.seq != marker.seq {
             return Err(corrupt(
                 store,
@@ -373,7 +448,7 @@ fn outbox_from_file(dir: &Path, marker: &CycleMarker) -> Option<Vec<OutEvent>> {
     }
     let mut out = Vec::new();
     for v in chunks {
-        let chunk: OutboxChunk = decode_value(&v).ok()?;
+        let chunk = OutboxChunk::decode(&v).ok()?;
         if chunk.seq != marker.seq {
             return None;
         }

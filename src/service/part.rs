@@ -23,7 +23,7 @@ use crate::engine::reputation::{Epoch, Terms, TermsKey};
 use crate::engine::{vote_identity, Engine, Outcome, ScoreUpdate, Wants};
 use crate::input::Vote;
 use crate::output::Route;
-use crate::state::{encode_value, Record, Store, StoreError, SWEEP_LIMIT};
+use crate::state::{Record, Store, StoreError, SWEEP_LIMIT};
 use crate::time::Nanos;
 
 /// A committed cycle's RocksDB write in flight.
@@ -352,7 +352,7 @@ impl Part {
         }
         let mut m = self.marker.clone();
         m.delivered = true;
-        let v = encode_value(&m);
+        let v = m.encode();
         Some((m, v))
     }
 

@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::engine::reputation::{Epoch, ReputationParams, Table, Tables, Terms, TermsKey};
 use crate::input::Id;
 use crate::kafka::{client_config, QuietEof};
-use crate::state::{decode_value, encode_value};
+use crate::state::format::{self, TopicKey};
 
 /// A record of the reputation topic.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,13 +39,10 @@ pub enum TopicRecord {
     Sealed { tp: Tp, epoch: Epoch },
 }
 
-/// A reviewer's terms as stored in a delta record: voter, n, q, h.
-type Row = (Id, u64, u128, u128);
-
 impl TopicRecord {
-    /// Key and value. Keys: `d` + postcard(rubric, epoch, topic,
-    /// partition), `s` + postcard(topic, partition); values carry the
-    /// state format's byte (`crate::state::format`).
+    /// Key and value, laid out by the state format
+    /// (`crate::state::format`: `topic_delta_key`, `encode_topic_delta`,
+    /// `topic_seal_key`, `encode_topic_seal`); values carry its byte.
     pub fn encode(&self) -> (Vec<u8>, Vec<u8>) {
         match self {
             TopicRecord::Delta {
@@ -53,55 +50,38 @@ impl TopicRecord {
                 epoch,
                 tp,
                 rows,
-            } => {
-                let key = post(&(&**rubric, *epoch, &*tp.0, tp.1));
-                let rows: Vec<Row> = rows
-                    .iter()
-                    .map(|(v, t)| (v.clone(), t.n, t.q, t.h))
-                    .collect();
-                ([&b"d"[..], &key].concat(), encode_value(&rows))
-            }
-            TopicRecord::Sealed { tp, epoch } => {
-                let key = post(&(&*tp.0, tp.1));
-                ([&b"s"[..], &key].concat(), encode_value(epoch))
-            }
+            } => (
+                format::topic_delta_key(rubric, *epoch, &tp.0, tp.1),
+                format::encode_topic_delta(rows),
+            ),
+            TopicRecord::Sealed { tp, epoch } => (
+                format::topic_seal_key(&tp.0, tp.1),
+                format::encode_topic_seal(*epoch),
+            ),
         }
     }
 
     pub fn decode(key: &[u8], value: &[u8]) -> std::result::Result<TopicRecord, String> {
         let bad = |e: &dyn std::fmt::Display| format!("not a reputation record: {e}");
-        match key.split_first() {
-            Some((b'd', k)) => {
-                let (rubric, epoch, topic, partition): (Id, Epoch, String, i32) =
-                    postcard::from_bytes(k).map_err(|e| bad(&e))?;
-                let rows: Vec<Row> = decode_value(value).map_err(|e| bad(&e))?;
-                Ok(TopicRecord::Delta {
-                    rubric,
-                    epoch,
-                    tp: (topic, partition),
-                    rows: rows
-                        .into_iter()
-                        .map(|(v, n, q, h)| (v, Terms { n, q, h }))
-                        .collect(),
-                })
-            }
-            Some((b's', k)) => {
-                let (topic, partition): (String, i32) =
-                    postcard::from_bytes(k).map_err(|e| bad(&e))?;
-                let epoch: Epoch = decode_value(value).map_err(|e| bad(&e))?;
-                Ok(TopicRecord::Sealed {
-                    tp: (topic, partition),
-                    epoch,
-                })
-            }
-            _ => Err(bad(&"unknown key kind")),
+        match format::parse_topic_key(key).map_err(|e| bad(&e))? {
+            Some(TopicKey::Delta {
+                rubric,
+                epoch,
+                topic,
+                partition,
+            }) => Ok(TopicRecord::Delta {
+                rubric,
+                epoch,
+                tp: (topic, partition),
+                rows: format::decode_topic_delta(value).map_err(|e| bad(&e))?,
+            }),
+            Some(TopicKey::Seal { topic, partition }) => Ok(TopicRecord::Sealed {
+                tp: (topic, partition),
+                epoch: format::decode_topic_seal(value).map_err(|e| bad(&e))?,
+            }),
+            None => Err(bad(&"unknown key kind")),
         }
     }
-}
-
-/// postcard into a Vec, which cannot fail.
-fn post<T: serde::Serialize>(v: &T) -> Vec<u8> {
-    postcard::to_allocvec(v).expect("postcard into a Vec")
 }
 
 /// The records a partition's sealed deltas and newest sealed epoch make,

@@ -43,7 +43,8 @@
 //! - `x` close order (u64 BE)    → SPEC §14 closed batch waiting at the barrier
 //! - `p` name                    → shell positions (input offset, changelog offset)
 //! - `c`, `o`…                   → the service's cycle marker and outbox
-//!   (`crate::service::changelog`); stored here, never interpreted here
+//!   (`crate::service::changelog`); laid out by `format` (`format/service.rs`),
+//!   never interpreted here
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -71,7 +72,7 @@ mod query;
 mod strip;
 mod upgrade;
 pub use bulk::BulkWrite;
-pub use format::{decode_value, encode_value, FormatError};
+pub use format::FormatError;
 pub use keys::META_KEY;
 use keys::*;
 use upgrade::{FORMAT_POS, TAGGED_VERSION};

@@ -123,17 +123,6 @@ fn decode<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
     postcard::from_bytes(bytes).map_err(|source| FormatError::Layout { format, source })
 }
 
-/// Any serde value stored as a record of the current format (the
-/// service's cycle marker and outbox chunks, whose layouts it owns).
-pub fn encode_value<T: Serialize>(v: &T) -> Vec<u8> {
-    encode(v)
-}
-
-/// A value written by [`encode_value`].
-pub fn decode_value<T: DeserializeOwned>(v: &[u8]) -> Result<T, FormatError> {
-    decode(v)
-}
-
 /// Whether a changelog record's headers say it is in a tagged format
 /// (`Ok(true)`), or it predates them (`Ok(false)`, untagged: format ≤ 6).
 pub fn changelog_is_tagged(header: Option<&[u8]>) -> Result<bool, FormatError> {
