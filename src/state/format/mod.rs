@@ -17,7 +17,9 @@
 //! **The service's records** (its cycle marker and outbox chunks, the
 //! reputation topic's records) are laid out here too ([`service`]): the
 //! service converts its types to these layouts and back, and nothing
-//! outside `state` encodes a stored value.
+//! outside `state` encodes a stored value. `tests.rs` checks the bytes of
+//! every layout against `tests/fixtures/layouts/format-{FORMAT}.txt`: a
+//! layout that changes without a new [`FORMAT`] fails it.
 //!
 //! **Changelog records** carry the format in a header ([`HEADER`]) as well;
 //! a record without it was written by a build before format 7 (untagged,
@@ -59,6 +61,8 @@ use crate::time::Nanos;
 
 mod reputation;
 mod service;
+#[cfg(test)]
+mod tests;
 
 pub use reputation::*;
 use reputation::{series_parts, SeriesParts};
