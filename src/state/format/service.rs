@@ -9,8 +9,10 @@
 //! the byte postcard wrote for the enum's variant index in formats 7 to
 //! 11): `state` does not know the routes.
 //!
-//! Same layouts since format 7 (untagged before, and then read as every
-//! untagged value is: `super::super::legacy`).
+//! The marker's and the outbox's layouts have not changed since format 7
+//! (untagged before, and such a value is read as every untagged one is:
+//! `super::super::legacy`); the reputation topic's came with SPEC §14,
+//! their values tagged from the start.
 
 use serde::{Deserialize, Serialize};
 
