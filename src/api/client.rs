@@ -176,7 +176,7 @@ mod query_tests {
         assert!(!err.is_retriable());
         assert!(
             err.to_string()
-                .starts_with("https://127.0.0.1:1/v1/rubrics: bad URL"),
+                .starts_with("https://127.0.0.1:1/v1/rubrics: not an http://HOST:PORT URL"),
             "{err}"
         );
 
@@ -185,10 +185,12 @@ mod query_tests {
         assert!(matches!(err, QueryError::Request { .. }), "{err:?}");
         assert_eq!(err.fault(), Fault::Server);
         assert!(err.is_retriable());
+        // The cause is the request's, kept as the error's source.
+        assert_eq!(err.to_string(), "http://127.0.0.1:1/v1/rubrics");
+        let text = crate::error::chain(&err);
         assert!(
-            err.to_string()
-                .starts_with("http://127.0.0.1:1/v1/rubrics: "),
-            "{err}"
+            text.starts_with("http://127.0.0.1:1/v1/rubrics: request failed: "),
+            "{text}"
         );
     }
 }
