@@ -149,14 +149,14 @@ fn an_idle_partition_seals_by_idle_flush_and_releases_the_others() {
 }
 
 /// How many times each failover test below runs in one `cargo test`
-/// (`JURYSTREAM_FAILOVER_ROUNDS`, default 1): its kills land at moments
-/// that depend on the machine, so a regression may show in one round of
-/// several (docs/testing.md gives the count of record).
+/// (`JURYSTREAM_FAILOVER_ROUNDS`, default 2: one round of each kind): its
+/// kills land at moments that depend on the machine, so a regression may
+/// show in one round of several (docs/testing.md gives the count of record).
 fn failover_rounds() -> usize {
     std::env::var("JURYSTREAM_FAILOVER_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
-        .unwrap_or(1)
+        .unwrap_or(2)
 }
 
 /// Polls `members` every 20 ms until `pick` names one (its index), for at
@@ -191,12 +191,37 @@ fn sealed_by(svc: &Service) -> std::collections::BTreeMap<String, f64> {
         .collect()
 }
 
+/// Review sessions over two days (`tests/reputation/gen_population.py`:
+/// 150 items a day, honest, noisy, spamming and adversarial reviewers;
+/// `shape` compact, an item's reviews in one window, or spread, hours
+/// apart) for one-hour epochs, so that every partition seals epochs
+/// throughout the stream and its end is sealed by the idle flush.
+fn review_sessions(setup: &Setup, shape: &str, seed: usize) -> std::path::PathBuf {
+    let out = std::process::Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/reputation/gen_population.py"))
+        .args(["--shape", shape, "--seed", &seed.to_string(), "--days", "2"])
+        .args(["--items-per-day", "150"])
+        .arg("--out")
+        .arg(setup.dir.path())
+        .output()
+        .expect("run python3 (scripts/install-deps.sh installs it)");
+    assert!(
+        out.status.success(),
+        "gen_population.py failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    setup.dir.path().join("votes.jsonl")
+}
+
 /// SPEC §14 `learned`, three instances of one group on four partitions,
 /// the votes already on the topic, one instance killed (kill -9) three
-/// times and each time replaced by a new one with an empty state
-/// directory (a rescheduled pod): first while the group forms (1–4 s
-/// after the start), then while an instance restores a partition, then
-/// right after an instance sealed an epoch. The output equals
+/// times and each time replaced by a new instance with an empty state
+/// directory (a rescheduled pod): during the group's first join (1–4 s
+/// after the start), while an instance restores a partition, and right
+/// after an instance sealed an epoch. Rounds alternate between generated
+/// votes over one-minute epochs (each kill waits for its moment) and
+/// review sessions over two days with one-hour epochs, kills 1–4 s apart
+/// as an operator's quick reschedules would land. The output equals
 /// `replay --partition-files` of the partition logs: every batch of epoch
 /// k used exactly the sums of epochs ≤ k − 2 of every partition, each
 /// once (docs/decisions.md, "The group's tables after a failover").
@@ -216,9 +241,25 @@ fn three_instances_killed_three_times(mode: &str, name: &str) {
     for round in 0..failover_rounds() {
         let name = format!("{name}{round}");
         let name = name.as_str();
-        let setup = Setup::new(&broker, name, 4, mode, &learned(name));
-        let input = setup.dir.path().join("votes.jsonl");
-        votes_over_epochs(&input, 30_000, 4);
+        // Even rounds: 30 000 votes over one-minute epochs, each kill at its
+        // moment (waited for up to two minutes). Odd rounds: review sessions
+        // over two days with one-hour epochs, kills 1–4 s apart from the
+        // start, each at its moment if one comes within that time.
+        let sessions = round % 2 == 1;
+        let extra = if sessions {
+            learned(name).replace("epoch_seconds = 60", "epoch_seconds = 3600")
+        } else {
+            learned(name)
+        };
+        let setup = Setup::new(&broker, name, 4, mode, &extra);
+        let (input, data) = if sessions {
+            let shape = ["compact", "spread"][round / 2 % 2];
+            (review_sessions(&setup, shape, 7 + round), shape)
+        } else {
+            let input = setup.dir.path().join("votes.jsonl");
+            votes_over_epochs(&input, 30_000, 4);
+            (input, "generated")
+        };
         setup.produce(&input);
         let expected = partition_oracle(&setup.config, &partition_files(&setup));
         assert!(
@@ -246,35 +287,46 @@ fn three_instances_killed_three_times(mode: &str, name: &str) {
             ["a", "b", "c"].iter().map(|id| start(id)).collect();
         let seed = round * 7 + name.len();
         let mut kills = Vec::new();
-        for point in ["group forming", "restoring", "right after a seal"] {
+        for (n, point) in ["group forming", "restoring", "right after a seal"]
+            .into_iter()
+            .enumerate()
+        {
+            // 1–4 s after the start or the kill before (sessions), or as
+            // long as the moment takes to come (two minutes at most).
+            let within = match (sessions, point) {
+                (false, "group forming") => Duration::from_millis(1000 + (seed * 611 % 3000) as u64),
+                (false, _) => Duration::from_secs(120),
+                (true, _) => Duration::from_millis(1000 + ((seed + n) * 611 % 3000) as u64),
+            };
             let at = match point {
-                // 1–4 s after the start: during the group's first join.
+                // During the group's first join (it takes the rebalance
+                // timeout on the test broker): no moment to wait for.
                 "group forming" => {
-                    std::thread::sleep(Duration::from_millis(1000 + (seed * 611 % 3000) as u64));
-                    Some(seed % 3)
+                    std::thread::sleep(within);
+                    None
                 }
                 // A member holds a partition it has not restored yet.
-                "restoring" => member_when(&members, Duration::from_secs(120), |_, s| {
+                "restoring" => member_when(&members, within, |_, s| {
                     s.held_partitions().len() > s.ready_partitions().len()
                 }),
                 // A member's seal gauge moved: it has just sealed an epoch.
                 _ => {
                     let before: Vec<_> = members.iter().map(|(_, s)| sealed_by(s)).collect();
-                    member_when(&members, Duration::from_secs(120), |i, s| {
+                    member_when(&members, within, |i, s| {
                         sealed_by(s)
                             .iter()
                             .any(|(p, t)| before[i].get(p).is_none_or(|b| t > b))
                     })
                 }
             };
-            // Not seen within the deadline: the kill lands anyway.
-            let i = at.unwrap_or((seed + kills.len()) % 3);
+            // No such moment within the time: the kill lands anyway.
+            let i = at.unwrap_or((seed + n) % 3);
             kills.push((point, at.is_some(), members[i].0.clone()));
             members[i].1.kill9();
             let id = members[i].0[..1].to_owned();
             members[i] = start(&id);
         }
-        eprintln!("{name} ({mode}): kills {kills:?}");
+        eprintln!("{name} ({mode}, {data} votes): kills {kills:?}");
         let log = &members[0].1;
         if mode == "exactly_once" {
             wait_for_every_event(&setup, &expected, Duration::from_secs(300), log);

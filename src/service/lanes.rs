@@ -159,7 +159,7 @@ impl<C: ConsumerContext> Lanes<C> {
         self.lanes
             .iter()
             .find(|l| &l.tp == tp)
-            .is_some_and(|l| l.heard && l.caught_up(consumer))
+            .is_some_and(|l| l.read_to_end(high_watermark(consumer, &l.topic, l.tp.1)))
     }
 
     /// Sleeps until a queue receives something, at most `d`.
@@ -277,10 +277,19 @@ impl Lane {
     /// past the last record (that one can be a transaction's commit marker,
     /// which is never delivered).
     fn caught_up<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) -> bool {
-        self.at_end
-            || (self.next >= 0
-                && high_watermark(consumer, &self.topic, self.tp.1)
-                    .is_some_and(|hi| hi - self.next <= 1))
+        self.at_end || (self.next >= 0 && self.below(high_watermark(consumer, &self.topic, self.tp.1)))
+    }
+
+    /// Whether the high watermark `hi` is at most one offset past the last
+    /// record delivered.
+    fn below(&self, hi: Option<i64>) -> bool {
+        hi.is_some_and(|hi| hi - self.next <= 1)
+    }
+
+    /// [`Lanes::read_to_end`] given the high watermark `hi`: the fetcher
+    /// has spoken since the split, and the partition is at its end.
+    fn read_to_end(&self, hi: Option<i64>) -> bool {
+        self.heard && (self.at_end || (self.next >= 0 && self.below(hi)))
     }
 }
 
@@ -334,5 +343,47 @@ impl Wake {
                 .0;
         }
         *ready = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(next: i64) -> Lane {
+        Lane {
+            tp: ("votes".into(), 0),
+            topic: CString::new("votes").unwrap(),
+            next,
+            at_end: false,
+            heard: false,
+            waiting: None,
+        }
+    }
+
+    /// A lane is read to its end (idle-flushable) only once the fetcher
+    /// has delivered or reported the end since the split: a restored
+    /// partition's first fetch may not have answered, and librdkafka's
+    /// cached high watermark may be an earlier assignment's.
+    #[test]
+    fn a_partition_is_read_to_its_end_only_after_the_fetcher_spoke() {
+        // Just split at the restored offset 100; a stale watermark says 100.
+        let mut l = lane(100);
+        assert!(!l.read_to_end(Some(100)), "first fetch not answered");
+        assert!(!l.read_to_end(None));
+        // Records delivered up to 149, the partition's end at 150 (or 151
+        // behind a transaction marker).
+        l.next = 150;
+        l.heard = true;
+        assert!(l.read_to_end(Some(150)));
+        assert!(l.read_to_end(Some(151)));
+        assert!(!l.read_to_end(Some(152)), "a backlog not fetched yet");
+        assert!(!l.read_to_end(None), "no watermark known");
+        // The end reported by the fetcher.
+        let mut e = lane(-1);
+        assert!(!e.read_to_end(None));
+        e.at_end = true;
+        e.heard = true;
+        assert!(e.read_to_end(None));
     }
 }
