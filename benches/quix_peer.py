@@ -5,7 +5,7 @@ team would build instead of jurystream, on the same broker and input.
 
 Per vote (the votes topic is keyed by inference_id, so Quix's state, which
 is scoped to the message key, holds one entry per rubric of the
-inference): the decay of SPEC §3 applied vote by vote,
+inference): the decay of contract §3 applied vote by vote,
 S = αS + (1 − α)v, α = exp(−λΔt), λ = 0.01/s, S = 0.5 before the first
 vote, Δt since the series' previous vote (0 for the first). State lives in
 Quix's RocksDB store (with its changelog topic, as jurystream's); each valid
@@ -28,7 +28,7 @@ from quixstreams import Application
 LAMBDA_PER_SECOND = 0.01
 
 
-# SPEC §1: verdict labels, matched after ASCII lower-casing.
+# contract §1: verdict labels, matched after ASCII lower-casing.
 LABELS = {"pass": 1.0, "flag": 0.0, "fully": 1.0, "mostly": 0.9, "partial": 0.7, "minor": 0.3, "none": 0.0}
 ABSTAIN = object()
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What SPEC §14's modes cost, counted in instructions instead of seconds:
+# What contract §14's modes cost, counted in instructions instead of seconds:
 # `jurystream replay` of the benchmark file under valgrind's
 # callgrind in reputation.mode off, shadow and learned, and each mode's
 # count × off's. On this shared machine a mode's CPU time moves by 10–30 %

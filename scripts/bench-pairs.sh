@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SPEC §14 cost, measured in pairs run at the same time: each
+# contract §14 cost, measured in pairs run at the same time: each
 # pair is one `off` run and one run in MODE, started together on the two
 # cores, so that both see the same machine; the ratio of their CPU
 # (user + system) is one sample, and the report is the mean over PAIRS

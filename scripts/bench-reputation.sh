@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# SPEC §14 cost: `jurystream replay` of the benchmark file in
+# contract §14 cost: `jurystream replay` of the benchmark file in
 # reputation.mode off, shadow and learned, turn about, best of ROUNDS, and
 # what the open epochs add to the state and to the peak RSS. Turn about in
 # alternating order (off shadow learned, then learned shadow off, ...), and
@@ -17,7 +17,7 @@
 # fresh group and state directory:
 # from its start until its group committed every input offset; CPU = the
 # process's user + system time; and, sampled from its metrics, the most
-# batches waiting at SPEC §14's barrier and the widest spread of its
+# batches waiting at contract §14's barrier and the widest spread of its
 # partitions' watermarks (how far the backlog's partitions drift apart);
 # and the size of the state's SST files after its clean stop.
 # LIVE=1 (with KAFKA=1) also measures `run` at a live rate: votes produced
@@ -95,7 +95,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
     RUN="rep$$"
     LISTEN="127.0.0.1:$((PORT + 100))"
     # sample LISTEN PID: "waiting drift" lines (the most batches waiting at
-    # SPEC §14's barrier, the widest spread of partition watermarks in
+    # contract §14's barrier, the widest spread of partition watermarks in
     # minutes) while PID runs.
     sample() {
         local most=0 widest=0

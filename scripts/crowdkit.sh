@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # crowd-kit (PyPI, pinned) in a virtualenv, for comparing jurystream's
-# learned reviewer weights (SPEC §14) with crowd-kit's reviewer skills
+# learned reviewer weights (contract §14) with crowd-kit's reviewer skills
 # (tests/reputation_quality.rs, docs/testing.md "Reputation quality").
 #
 #   scripts/crowdkit.sh install

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Compares jurystream's learned reviewer weights (SPEC §14) with
+"""Compares jurystream's learned reviewer weights (contract §14) with
 crowd-kit's reviewer skills on the same votes.
 
     scripts/crowdkit.sh compare VOTES.jsonl REPUTATION.json [--rubrics a,b]
 
 (or this script run by the virtualenv's python, which has crowd-kit).
-VOTES.jsonl is a vote log (SPEC §1), REPUTATION.json the output of
+VOTES.jsonl is a vote log (contract §1), REPUTATION.json the output of
 `jurystream reputation --format json` over it. The votes are binarised
 (value >= 0.5 -> 1; abstentions, rejected lines and repeated vote ids
 left out; a reviewer's last vote per item and rubric counts), and each
@@ -29,7 +29,7 @@ STRINGS = {"pass": 1.0, "flag": 0.0, "fully": 1.0, "mostly": 0.9, "partial": 0.7
 
 
 def value(v):
-    """A vote's value on [0, 1] (SPEC §1), or None (abstention or invalid)."""
+    """A vote's value on [0, 1] (contract §1), or None (abstention or invalid)."""
     if isinstance(v, bool):
         return 1.0 if v else 0.0
     if isinstance(v, (int, float)):

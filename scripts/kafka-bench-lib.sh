@@ -41,7 +41,7 @@ TOML
 }
 
 # reputation_config RUN GROUP STATE_DIR LISTEN BROKERS MODE EPOCH_SECONDS:
-# service_config (at_least_once) with 60 s windows and SPEC §14's
+# service_config (at_least_once) with 60 s windows and contract §14's
 # reputation in MODE, its topic GROUP-reputation (bench-reputation.sh,
 # bench-instructions.sh).
 reputation_config() {

@@ -221,7 +221,7 @@ for key in pms:
     if key not in allowed:
         err(f"PodMonitor spec.{key}: not expected")
 
-# ---- jurystream connect (SPEC §12): connect-*.yaml.
+# ---- jurystream connect (contract §12): connect-*.yaml.
 def docs_of(path, kind):
     out = [x for x in docs.get(path, []) if x.get("kind") == kind]
     if not out:
@@ -525,7 +525,7 @@ if [ -x "$BIN" ]; then
     : > "$TMP/empty.jsonl"
     cfgs=(deploy/compose/config.toml "$TMP/k8s-config.toml")
     # The connect files set [connect] and [label_studio], keys a jurystream
-    # without the connect command (SPEC §12) does not know.
+    # without the connect command (contract §12) does not know.
     if "$BIN" connect --help > /dev/null 2>&1; then
         cfgs+=(deploy/compose/connect.toml "$TMP/k8s-connect-config.toml")
     else

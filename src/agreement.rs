@@ -1,4 +1,4 @@
-//! `jurystream agreement` (SPEC §11): Krippendorff's α per rubric and each
+//! `jurystream agreement` (contract §11): Krippendorff's α per rubric and each
 //! reviewer's deviation for a vote log, with the engine of `replay`.
 //!
 //! The file runs through a fresh engine on a temporary store

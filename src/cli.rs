@@ -108,7 +108,7 @@ pub enum Command {
     /// running service answers the same on GET /v1/rubrics and
     /// /v1/voters/{id}. Exit status 2 names a bad flag.
     Agreement(AgreementArgs),
-    /// Whom to trust: each reviewer's learned weight per rubric (SPEC §14),
+    /// Whom to trust: each reviewer's learned weight per rubric (contract §14),
     /// for a vote log.
     ///
     /// Replays the file with the engine of `replay`, in any reputation.mode,
@@ -145,7 +145,7 @@ pub struct ReplayArgs {
     )]
     pub input: Option<PathBuf>,
     /// Replay several files, each as its own input partition, with learned
-    /// reputation tables over all of them (SPEC §14; what `run` gives each
+    /// reputation tables over all of them (contract §14; what `run` gives each
     /// partition): the events of each file, file after file. Instead of
     /// --input; no --state-dir.
     #[arg(long, value_name = "VOTES.jsonl", num_args = 1.., conflicts_with_all = ["input", "state_dir", "keep_open"])]

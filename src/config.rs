@@ -1,4 +1,4 @@
-//! The one place configuration is loaded, layered and validated (SPEC §6).
+//! The one place configuration is loaded, layered and validated (contract §6).
 //!
 //! Layers, later wins: the embedded `config/default.toml`, the `--config`
 //! file, then `JURYSTREAM_<SECTION>__<KEY>` environment variables. Choices
@@ -189,7 +189,7 @@ pub struct Metrics {
     pub max_label_values: i64,
 }
 
-/// The query API (SPEC §9).
+/// The query API (contract §9).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Api {
@@ -253,7 +253,7 @@ pub struct Log {
     pub format: LogFormat,
 }
 
-/// `jurystream connect` (SPEC §12).
+/// `jurystream connect` (contract §12).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Connect {
@@ -269,7 +269,7 @@ pub struct Connect {
     pub drain_seconds: f64,
 }
 
-/// Label Studio, for `connect` (SPEC §12).
+/// Label Studio, for `connect` (contract §12).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LabelStudio {
@@ -288,7 +288,7 @@ pub struct LabelStudio {
     pub max_annotations: i64,
 }
 
-/// Learned reviewer reputation (SPEC §14).
+/// Learned reviewer reputation (contract §14).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Reputation {
@@ -398,7 +398,7 @@ impl Config {
 
     /// This configuration with another decay (λ in `time_unit`) and window,
     /// validated as a file setting them would be: a backtest grid point
-    /// (SPEC §10). A rubric's own `lambda` keeps its meaning: when it does
+    /// (contract §10). A rubric's own `lambda` keeps its meaning: when it does
     /// not name a `time_unit` it keeps the configured one.
     pub fn with_decay_and_window(
         &self,
@@ -452,7 +452,7 @@ impl Config {
         c
     }
 
-    /// The cross-key rules of `reputation.epoch_seconds` (SPEC §14), which
+    /// The cross-key rules of `reputation.epoch_seconds` (contract §14), which
     /// load checks unless the mode is `off` and the `reputation` command
     /// checks in every mode.
     pub fn check_epochs(&self) -> Result<(), ConfigError> {

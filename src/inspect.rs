@@ -69,7 +69,7 @@ pub fn partition_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
 
 /// The JSON document `inspect` prints; `initial_score` is
 /// `scoring.initial_score`, the part of a score its interval leaves out
-/// (SPEC §13).
+/// (contract §13).
 pub fn inspect(dir: &Path, inference_id: &str, initial_score: f64) -> Result<Value> {
     let dirs = partition_dirs(dir)?;
     if dirs.is_empty() {

@@ -13,11 +13,11 @@ use rdkafka::ClientContext;
 use crate::config::Config;
 use crate::telemetry::VOTE_SOURCES;
 
-/// The record header that says where a vote came from (SPEC §12 v4):
+/// The record header that says where a vote came from (contract §12 v4):
 /// `connect` sets it to `api`, `webhook` or `sync`.
 pub const SOURCE_HEADER: &str = "jurystream-source";
 
-/// A vote's `source` label in `jurystream_votes_accepted_total` (SPEC §8),
+/// A vote's `source` label in `jurystream_votes_accepted_total` (contract §8),
 /// as its index in [`VOTE_SOURCES`]: `kafka` without [`SOURCE_HEADER`],
 /// the header's value if it is one `connect` sets, `other` for any other
 /// value (a label value never comes from the data).

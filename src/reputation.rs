@@ -1,4 +1,4 @@
-//! `jurystream reputation` (SPEC §14): the learned reviewer weights of a
+//! `jurystream reputation` (contract §14): the learned reviewer weights of a
 //! vote log, with the engine of `replay`.
 //!
 //! The file runs through a fresh engine on a temporary store

@@ -1,5 +1,5 @@
 //! The process's HTTP server (`run`'s and `connect`'s): `/metrics`,
-//! `/healthz`, `/readyz` (SPEC §8) of any [`Exposition`] on axum, one small
+//! `/healthz`, `/readyz` (contract §8) of any [`Exposition`] on axum, one small
 //! tokio runtime on a background thread; [`serve`] merges in the routes it
 //! is given (the query API's, `crate::api::http`; `connect`'s). Every
 //! answer axum makes from 400 up is JSON (`{"error": …}`), the limit

@@ -1,4 +1,4 @@
-//! Reviewer agreement (SPEC §11) against the textbook: Krippendorff's α
+//! Reviewer agreement (contract §11) against the textbook: Krippendorff's α
 //! (interval) as D_o / D_e over all pairs of values, and each reviewer's
 //! squared distance to the mean of the other votes of the unit, computed
 //! here from the units of hand-made logs (never from the sums the program
@@ -51,7 +51,7 @@ fn alpha_pairwise(units: &[Vec<f64>]) -> Option<f64> {
     (d_e > 1e-12).then(|| 1.0 - d_o / d_e)
 }
 
-/// What SPEC §11 prints, computed from the units by definition.
+/// What contract §11 prints, computed from the units by definition.
 fn expected(units: &Units) -> Value {
     let mut by_rubric: BTreeMap<&str, Vec<Vec<f64>>> = BTreeMap::new();
     let mut dev: BTreeMap<(&str, &str), (u64, f64)> = BTreeMap::new();
@@ -347,7 +347,7 @@ fn lines_of(log: &[(u32, u32, u32, Option<u8>, u32)]) -> (Vec<String>, Vec<u32>,
     let mut lines = Vec::new();
     let mut infs = Vec::new();
     // (inference, rubric, window) → voter → (arrival, value): the unit by
-    // SPEC §2: a later vote of the same voter in the batch replaces theirs.
+    // contract §2: a later vote of the same voter in the batch replaces theirs.
     let mut batches: BTreeMap<(u32, u32, u32), Batch> = BTreeMap::new();
     for (k, &(inf, voter, rubric, value, step)) in log.iter().enumerate() {
         t += step;

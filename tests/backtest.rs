@@ -1,4 +1,4 @@
-//! `jurystream backtest` (SPEC §10) against a computation from `replay`'s
+//! `jurystream backtest` (contract §10) against a computation from `replay`'s
 //! events (never from the backtest's own code): on the example input through
 //! the binary, and as a property over random vote logs and grid points
 //! through the library.
@@ -12,7 +12,7 @@ use common::{bin, command, parse_lines};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-/// What SPEC §10 defines, computed from one replay's events.
+/// What contract §10 defines, computed from one replay's events.
 #[derive(Debug, Default)]
 struct Hand {
     n: u64,
@@ -20,7 +20,7 @@ struct Hand {
     ll: f64,
     se_last: f64,
     /// updates whose previous score had an interval, and those whose
-    /// interval held the batch's mean vote (SPEC §13 coverage)
+    /// interval held the batch's mean vote (contract §13 coverage)
     with_interval: u64,
     covered: u64,
     all: u64,

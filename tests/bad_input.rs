@@ -1,4 +1,4 @@
-//! Bad input through the binary (SPEC §1, §5): every rejection reason, a
+//! Bad input through the binary (contract §1, §5): every rejection reason, a
 //! line over 1 MiB, invalid UTF-8, 10 000 seeded garbage lines, and the
 //! 64 KiB payload cut. The process must exit 0 and every non-blank bad line
 //! must yield exactly one `vote_rejected` whose `source.line` is its line.

@@ -1,4 +1,4 @@
-//! `jurystream connect`'s `POST /v1/votes` (SPEC §12) against the real
+//! `jurystream connect`'s `POST /v1/votes` (contract §12) against the real
 //! broker, with `run` scoring what it produces: votes answered by index
 //! (objects, arrays, NDJSON), 401 without the token, 413 and 400, and every
 //! accepted vote reaching `run` exactly as a replay of them says. Skipped
@@ -240,7 +240,7 @@ fn votes_are_answered_by_index_and_reach_run_exactly() {
         assert!(metrics.contains(&line), "{line} not in\n{metrics}");
     }
     assert_eq!(connect.panics(), 0.0);
-    // Every vote carried `jurystream-source: api` to run (SPEC §12).
+    // Every vote carried `jurystream-source: api` to run (contract §12).
     let by = |source: &str| {
         svc.metric(&format!(
             "jurystream_votes_accepted_total{{source=\"{source}\"}}"
@@ -347,7 +347,7 @@ fn connect_answers_as_its_openapi_document_says() {
     assert_eq!(connect.panics(), 0.0);
 }
 
-/// SPEC §12 (v4): told to stop (SIGTERM), connect answers `/readyz` 503
+/// contract §12 (v4): told to stop (SIGTERM), connect answers `/readyz` 503
 /// at once, keeps serving votes for `connect.drain_seconds`, then exits
 /// with status 0.
 #[test]
@@ -406,7 +406,7 @@ fn sigterm(child: &Child) {
     }
 }
 
-/// SPEC §12 (v4): two connect instances behind a real load balancer
+/// contract §12 (v4): two connect instances behind a real load balancer
 /// (haproxy, health check on `/readyz`, no retries) restart one after the
 /// other while a client posts a vote every 20 ms through the balancer:
 /// every post is answered 200, and `run` scores every vote exactly once,

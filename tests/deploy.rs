@@ -2,7 +2,7 @@
 //! every metric the alert rules (directly or through the recording rules
 //! they read) and the dashboard use is one jurystream exports
 //! (src/telemetry/names.rs), every alert has a unit test and a runbook; the
-//! manifests, rules and panels of `jurystream connect` (SPEC §12) fit
+//! manifests, rules and panels of `jurystream connect` (contract §12) fit
 //! together.
 
 mod common;
@@ -374,7 +374,7 @@ fn alert_and_dashboard_metrics_exist_in_telemetry() {
         "jurystream_model_scores",
         "jurystream_model_score_squares",
         "jurystream_model_series",
-        // jurystream connect (SPEC §12)
+        // jurystream connect (contract §12)
         "jurystream_connect_votes_total",
         "jurystream_connect_routing_total",
         "jurystream_connect_sync_runs_total",
@@ -666,7 +666,7 @@ fn k8s_api_peers_list_one_url_per_statefulset_replica() {
 }
 
 /// The leaderboard panels and the score-drop alert use the three gauges of
-/// SPEC §8 and §13 (v3): the mean, and how sure it is (the sample sd of
+/// contract §8 and §13 (v3): the mean, and how sure it is (the sample sd of
 /// the series' scores, the 95 % interval of the mean). The alert's
 /// threshold and z are one recording rule each.
 #[test]
@@ -704,7 +704,7 @@ fn leaderboard_panels_and_score_drop_alert() {
     };
     const MEAN: &[&str] = &["jurystream_model_scores", "jurystream_model_series"];
     // sd = sqrt((Σ squares − (Σ scores)²/n) / (n − 1)), variance clamped
-    // at 0, only for n ≥ 2; the interval is mean ± z·sd/√n with SPEC §13's z.
+    // at 0, only for n ≥ 2; the interval is mean ± z·sd/√n with contract §13's z.
     const SD: &[&str] = &[
         "jurystream_model_score_squares",
         "jurystream_model_scores",
@@ -772,7 +772,7 @@ fn leaderboard_panels_and_score_drop_alert() {
         );
     }
 
-    // The name SPEC §8 v2 gave the sum of the scores is gone (renamed
+    // The name contract §8 v2 gave the sum of the scores is gone (renamed
     // jurystream_model_scores in v3): no deploy file may still read it.
     let mut files = vec![root().join("deploy")];
     while let Some(f) = files.pop() {
@@ -848,7 +848,7 @@ fn leaderboard_panels_and_score_drop_alert() {
 
 // ---------------------------------------------------------------- connect
 
-/// The alerts of `jurystream connect` (SPEC §12), group jurystream.connect:
+/// The alerts of `jurystream connect` (contract §12), group jurystream.connect:
 /// each reads the signal the issue names, the sync alerts only look at
 /// instances that sync, and the stale threshold is one recording rule.
 #[test]

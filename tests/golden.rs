@@ -11,7 +11,7 @@
 //!    non-empty);
 //! 2. the input split after every line — the first part with
 //!    `--state-dir D --keep-open`, the rest with `--state-dir D` — prints
-//!    the same events (SPEC §6), `source.line` aside.
+//!    the same events (contract §6), `source.line` aside.
 //!
 //! `GOLDEN_BLESS=1 cargo test --test golden` rewrites the expected files
 //! from the binary's output; check them with reference.py before committing.

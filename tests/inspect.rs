@@ -1,4 +1,4 @@
-//! `jurystream inspect` over a replay's `--state-dir` (SPEC §6), and
+//! `jurystream inspect` over a replay's `--state-dir` (contract §6), and
 //! `--help` on every command.
 
 mod common;
@@ -79,7 +79,7 @@ fn inspect_shows_the_last_score_of_every_series() {
                     "{case}/{inf}/{prompt}"
                 );
                 assert_eq!(s["update_seq"], ev["update_seq"], "{case}/{inf}/{prompt}");
-                // SPEC §13, from the stored V and Q: the last event's.
+                // contract §13, from the stored V and Q: the last event's.
                 for k in ["effective_votes", "score_interval"] {
                     assert!(!ev[k].is_null(), "{case}/{inf}/{prompt}: {k}");
                     assert_eq!(s[k], ev[k], "{case}/{inf}/{prompt}: {k}");

@@ -1,4 +1,4 @@
-//! SPEC §14 in `run` on a real broker: four partitions in `learned` mode
+//! contract §14 in `run` on a real broker: four partitions in `learned` mode
 //! emit, per partition, what `replay --partition-files` gives for their
 //! logs (tables over every partition's sealed sums, batches waiting at
 //! the barrier), and the reputation topic holds the group's sums.
@@ -213,7 +213,7 @@ fn review_sessions(setup: &Setup, shape: &str, seed: usize) -> std::path::PathBu
     setup.dir.path().join("votes.jsonl")
 }
 
-/// SPEC §14 `learned`, three instances of one group on four partitions,
+/// contract §14 `learned`, three instances of one group on four partitions,
 /// the votes already on the topic, one instance killed (kill -9) three
 /// times and each time replaced by a new instance with an empty state
 /// directory (a rescheduled pod): during the group's first join (1–4 s

@@ -185,7 +185,7 @@ fn exactly_once_with_transactions_equals_replay() {
 }
 
 #[test]
-fn kill_9_at_many_points_loses_and_doubles_nothing() {
+fn kill_9_at_many_points_loses_nothing_and_repeats_only_killed_cycles() {
     kill_9_at_many_points("exactly_once", false);
 }
 
@@ -194,12 +194,12 @@ fn kill_9_at_many_points_outbox_loses_and_doubles_nothing() {
     kill_9_at_many_points("exactly_once_outbox", false);
 }
 
-/// SPEC §14 `learned` mode: the open values, the batches waiting at the
+/// contract §14 `learned` mode: the open values, the batches waiting at the
 /// barrier and the sealed sums survive kill -9 (the oracle is
 /// `replay --partition-files`, the reputation topic's records identical
 /// per key).
 #[test]
-fn kill_9_at_many_points_learned_loses_and_doubles_nothing() {
+fn kill_9_at_many_points_learned_loses_nothing_and_repeats_only_killed_cycles() {
     kill_9_at_many_points("exactly_once", true);
 }
 
@@ -496,7 +496,7 @@ fn kill_9_one_of_three_instances_outbox_the_others_take_over_exactly() {
     kill_9_one_of_three("exactly_once_outbox", false, false);
 }
 
-/// SPEC §14 `learned` mode, three instances, one killed: the survivors
+/// contract §14 `learned` mode, three instances, one killed: the survivors
 /// restore its open values and waiting batches and take over its seals
 /// (the oracle is `replay --partition-files`).
 #[test]
@@ -721,7 +721,7 @@ fn kill_9_one_of_three(mode: &str, end_transaction: bool, learned_mode: bool) {
     // mid-stream at the kill (restored position below the end) and still
     // had no undelivered last cycle (a last cycle without events, or
     // sealed by a rebalance b began before the kill); the exactness below
-    // is the assertion. kill_9_at_many_points_loses_and_doubles_nothing
+    // is the assertion. kill_9_at_many_points_loses_nothing_and_repeats_only_killed_cycles
     // asserts the completion of interrupted cycles.
     if mode == "exactly_once_outbox" {
         let after: f64 = members.iter().map(recovered).sum();
@@ -1505,7 +1505,7 @@ fn a_reconcile_reading_a_long_output_tail_keeps_the_member_in_the_group() {
     );
 }
 
-/// SPEC §2 (v4): only accepted votes are activity. One vote, then the same
+/// contract §2 (v4): only accepted votes are activity. One vote, then the same
 /// record again every 500 ms (as `connect`'s sync resends delivered votes)
 /// into the otherwise quiet partition: the vote's batch still closes by
 /// the idle flush, `idle_flush_seconds` after the vote (+ a poll), while

@@ -1,4 +1,4 @@
-//! The review loop end to end (SPEC §12) on a real Label Studio
+//! The review loop end to end (contract §12) on a real Label Studio
 //! (1.23.2, `scripts/label-studio.sh`) and the real broker: three
 //! reviewers annotate four tasks through Label Studio's API (one edit, one
 //! skip, one disputed task); Label Studio's webhooks reach `connect`, which
@@ -186,7 +186,7 @@ fn counter(port: u16, series: &str) -> f64 {
 }
 
 /// The `jurystream-source` header of every input message, by vote id, in
-/// offset order (SPEC §12 v4).
+/// offset order (contract §12 v4).
 fn input_sources(setup: &Setup) -> std::collections::BTreeMap<String, Vec<String>> {
     use rdkafka::message::{Headers, Message};
     let mut out: Vec<(String, String)> = Vec::new();
@@ -431,7 +431,7 @@ fn label_studio_votes_flags_and_lost_webhooks_close_the_loop() {
     assert_no_panic(hook_port);
 }
 
-/// SPEC §12 (v4): reviewers annotate in real Label Studio while
+/// contract §12 (v4): reviewers annotate in real Label Studio while
 /// the two `connect` instances behind a load balancer (Debian haproxy,
 /// health check on `/readyz`, no retries) restart one after the other, with
 /// the default batching and the sync on. Label Studio's webhook goes to

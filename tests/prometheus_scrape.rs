@@ -456,7 +456,7 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
     // The exposition itself: promtool's linter accepts it, and its values
     // are what was processed.
     let text = scrape(metrics_port);
-    // No label carries a reviewer or an inference id (SPEC §8, §11): the
+    // No label carries a reviewer or an inference id (contract §8, §11): the
     // generated ids are `v<n>` and `inf-<n>`.
     let is_id = |value: &str| {
         ["v", "inf-"].iter().any(|p| {
@@ -485,7 +485,7 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
         .write_all(text.as_bytes())
         .unwrap();
     let lint = lint.wait_with_output().unwrap();
-    // No finding at all (SPEC §8 v3 renamed the one gauge whose `_sum`
+    // No finding at all (contract §8 v3 renamed the one gauge whose `_sum`
     // suffix promtool reserves for histograms and summaries).
     let findings = format!(
         "{}{}",
@@ -526,7 +526,7 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
         superseded >= batch_sum(&r.scores, "superseded") as f64,
         "superseded {superseded} < Σ batch.superseded"
     );
-    // The leaderboard gauges (SPEC §8, v2): one sample per model and
+    // The leaderboard gauges (contract §8, v2): one sample per model and
     // rubric with a scored series, equal to the final state of the scores
     // topic.
     let leaderboard = expected_model_gauges(&r.scores);
@@ -575,7 +575,7 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
 
     // Every panel query returns data, with All selected and with one model
     // and rubric; not those of the row "Label Studio intake (connect)":
-    // `jurystream connect` (SPEC §12, job jurystream-connect) does not run
+    // `jurystream connect` (contract §12, job jurystream-connect) does not run
     // here; nor those of the row "Learned reputation": the service runs in
     // reputation.mode off, which exports no §14 metric
     // (tests/kafka_reputation.rs reads them in learned mode).
@@ -613,7 +613,7 @@ fn prometheus_scrapes_the_service_dashboard_and_rules_work() {
         );
     }
 
-    // Reviewer agreement (SPEC §11): α from the four counters over the
+    // Reviewer agreement (contract §11): α from the four counters over the
     // whole run equals `jurystream agreement` on the same log.
     let offline = agreement_of(&r._setup.config, &r._setup.dir.path().join("votes.jsonl"));
     let defined = offline["rubrics"]

@@ -3,7 +3,7 @@
 //! abstentions, some vote ids, random configurations):
 //!
 //! - every score (and previous score, aggregate, mean, alpha) is in [0, 1],
-//!   every variance in [0, 0.25]; every score interval (SPEC §13) is in
+//!   every variance in [0, 0.25]; every score interval (contract §13) is in
 //!   [0, 1] and holds its score, with at most one effective vote per vote;
 //! - reordering the votes of one open window (no voter twice in a series,
 //!   distinct timestamps) changes no event;
@@ -241,7 +241,7 @@ proptest! {
                 prop_assert!(u.delta_t_seconds >= 0.0);
                 prop_assert!(!u.votes.is_empty());
                 prop_assert!(u.votes.len() as u32 <= cfg.max_votes);
-                // SPEC §13: at most one effective vote per counted vote
+                // contract §13: at most one effective vote per counted vote
                 // (Cauchy–Schwarz), and an interval inside [0, 1] that
                 // holds the score.
                 match (u.effective_votes, u.score_interval) {
@@ -263,7 +263,7 @@ proptest! {
         lines in prop::collection::vec(any_line(), 1..50),
         picks in prop::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 1..20),
     ) {
-        // Within the retention (a copy after it is a new vote, SPEC §4).
+        // Within the retention (a copy after it is a new vote, contract §4).
         let cfg = Cfg { retention: "2592000", ..cfg };
         let (want, outcomes) = run(&cfg, &lines);
         // Lines whose vote was accepted (or already a duplicate).

@@ -1,4 +1,4 @@
-//! The query API (SPEC §9) of `jurystream run` against a real
+//! The query API (contract §9) of `jurystream run` against a real
 //! Kafka-protocol broker (tansu on loopback), two instances of one group
 //! that know each other (`api.peers`). Skipped when tansu is not installed,
 //! unless JURYSTREAM_REQUIRE_BROKER=1 (then it fails; see docs/testing.md).
@@ -177,7 +177,7 @@ fn expected_inference(
     json!({ "inference_id": id, "series": rows })
 }
 
-/// The leaderboard computed from the replay's final series (SPEC §9, §13:
+/// The leaderboard computed from the replay's final series (contract §9, §13:
 /// `score_sd` by the two-pass formula, its interval of the mean).
 fn expected_board(state: &BTreeMap<String, Vec<Value>>) -> Vec<Value> {
     /// (series, score sum, ambiguous series, votes, scores)
@@ -340,7 +340,7 @@ fn two_instances_answer_what_a_replay_leaves() {
     let filtered = get_ok(pb, "/v1/leaderboard?voter_prompt_id=safety").unwrap();
     assert!(same_board(&filtered, &safety), "{filtered:#}");
 
-    // Reviewer agreement (SPEC §11): the group's sums equal one offline
+    // Reviewer agreement (contract §11): the group's sums equal one offline
     // pass over the same log exactly, from either instance.
     let offline = agreement_of(&setup.config, &input);
     let rows = offline["voters"].as_array().unwrap();
@@ -363,7 +363,7 @@ fn two_instances_answer_what_a_replay_leaves() {
         let want: Vec<&Value> = rows.iter().filter(|r| r["voter_id"] == *v).collect();
         let port = [pa, pb][i % 2];
         let have = get_ok(port, &format!("/v1/voters/{}", encode(v))).unwrap();
-        // SPEC §14's weight and table_until: null in reputation.mode off.
+        // contract §14's weight and table_until: null in reputation.mode off.
         let have: Vec<Value> = have["voters"]
             .as_array()
             .unwrap()
@@ -402,7 +402,7 @@ fn two_instances_answer_what_a_replay_leaves() {
     assert_eq!(code, 404);
     // The counters of both instances, summed by PromQL, give the same α
     // (partitions moved between the instances as the second joined), and
-    // their leaderboard gauges the same score_sd (SPEC §13).
+    // their leaderboard gauges the same score_sd (contract §13).
     if let Some(prom) = &prom {
         let deadline = Instant::now() + Duration::from_secs(60);
         while let Some(wrong) = prom
@@ -446,7 +446,7 @@ fn two_instances_answer_what_a_replay_leaves() {
     let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(printed, expected_inference(id, &state[id], &voters));
 
-    // Errors: JSON with the SPEC's status.
+    // Errors: JSON with the contract's status.
     let json_error = |port: u16, path: &str, token: Option<&str>, status: u16| {
         let (code, ctype, body) = get(port, path, token).unwrap();
         assert_eq!(code, status, "{path}: {body}");

@@ -1,4 +1,4 @@
-//! Quality of learned reviewer reputation (SPEC §14, "Quality"),
+//! Quality of learned reviewer reputation (contract §14, "Quality"),
 //! on vote logs with planted reviewers (`tests/reputation/gen_population.py`:
 //! honest, noisy, spammers, adversaries, a principled minority, and a
 //! reviewer with one dissent on a near-unanimous rubric) in two shapes:
@@ -197,7 +197,7 @@ fn summarise(events: &[Value]) -> Run {
                 run.last.insert(key, e.clone());
             }
             "ambiguity_flagged" => run.flags += 1,
-            // Redeliveries are duplicates (SPEC §4), which emit nothing;
+            // Redeliveries are duplicates (contract §4), which emit nothing;
             // the generator writes no other kind of bad line.
             other => panic!("unexpected event {other}: {e}"),
         }

@@ -6,7 +6,7 @@
 //! (`#[ignore]`d: it runs the old binary named by `JURYSTREAM_FIXTURE_BIN`).
 //! There are fixtures for formats 6 ([`write_format_6_fixtures`], commit
 //! ed1e475), 7 ([`write_format_7_fixtures`], commit d6bf4e9), 8
-//! ([`write_format_8_fixtures`], commit 783ceac, in SPEC §14's `learned`
+//! ([`write_format_8_fixtures`], commit 783ceac, in contract §14's `learned`
 //! mode: its reputation topic too, and `replay --partition-files` as the
 //! run's oracle), 9 ([`write_format_9_fixtures`], commit 55b69dd,
 //! `learned` too) and 10 ([`write_format_10_fixtures`], commit 0de2b72,
@@ -70,7 +70,7 @@ const BATCHING: &str = "window_seconds = 4\ngrace_seconds = 1";
 /// batches open at the cut stay open and no flush to the wall clock makes
 /// part 2 late.
 const NEVER: &str = "3155760000";
-/// The reputation epoch (one 4 s window) of a fixture in SPEC §14's `learned` mode (format
+/// The reputation epoch (one 4 s window) of a fixture in contract §14's `learned` mode (format
 /// 8 on): many epochs seal within part 1, some batches wait at the barrier
 /// at the cut.
 const EPOCH_SECONDS: u32 = 4;
@@ -123,7 +123,7 @@ impl Fixture {
         changelog_topic()
     }
 
-    /// Whether the old build ran in SPEC §14's `learned` mode (the
+    /// Whether the old build ran in contract §14's `learned` mode (the
     /// fixtures of format 8 on): it then left a reputation topic too, and
     /// the oracle of a run is `replay --partition-files`.
     fn learned(&self) -> bool {
@@ -132,7 +132,7 @@ impl Fixture {
 }
 
 /// Whether the fixture of `format` is written in `learned` mode: format 8
-/// added SPEC §14's state (open values, sealed sums, waiting batches).
+/// added contract §14's state (open values, sealed sums, waiting batches).
 fn learned_format(format: u32) -> bool {
     format >= 8
 }
@@ -629,7 +629,7 @@ fn write_format_7_fixtures() {
 
 /// Writes `tests/fixtures/state-format-8/` (or `$JURYSTREAM_FIXTURE_OUT`)
 /// with the binary `$JURYSTREAM_FIXTURE_BIN`, the build of state format 8
-/// (commit 783ceac), in SPEC §14's `learned` mode; needs the test broker.
+/// (commit 783ceac), in contract §14's `learned` mode; needs the test broker.
 /// See the fixture's README.md.
 #[test]
 #[ignore = "writes the fixture with an old binary: JURYSTREAM_FIXTURE_BIN=… cargo test --test upgrade write_format_8_fixtures -- --ignored"]
@@ -639,7 +639,7 @@ fn write_format_8_fixtures() {
 
 /// Writes `tests/fixtures/state-format-9/` (or `$JURYSTREAM_FIXTURE_OUT`)
 /// with the binary `$JURYSTREAM_FIXTURE_BIN`, the build of state format 9
-/// (commit 55b69dd), in SPEC §14's `learned` mode; needs the test broker.
+/// (commit 55b69dd), in contract §14's `learned` mode; needs the test broker.
 /// See the fixture's README.md.
 #[test]
 #[ignore = "writes the fixture with an old binary: JURYSTREAM_FIXTURE_BIN=… cargo test --test upgrade write_format_9_fixtures -- --ignored"]
@@ -649,7 +649,7 @@ fn write_format_9_fixtures() {
 
 /// Writes `tests/fixtures/state-format-10/` (or `$JURYSTREAM_FIXTURE_OUT`)
 /// with the binary `$JURYSTREAM_FIXTURE_BIN`, the build of state format 10
-/// (commit 0de2b72), in SPEC §14's `learned` mode; needs the test broker.
+/// (commit 0de2b72), in contract §14's `learned` mode; needs the test broker.
 /// See the fixture's README.md.
 #[test]
 #[ignore = "writes the fixture with an old binary: JURYSTREAM_FIXTURE_BIN=… cargo test --test upgrade write_format_10_fixtures -- --ignored"]
@@ -886,7 +886,7 @@ replay printed {n_replay} events.
 {learned_note}"#,
         learned_note = if learned_mode {
             format!(
-                "\nSPEC §14's `learned` mode: `config.toml` has a `[reputation]` section \
+                "\ncontract §14's `learned` mode: `config.toml` has a `[reputation]` section \
                  (epoch {EPOCH_SECONDS} s, topic `{rep}`), the votes are \
                  `votes_over_epochs(_, {VOTES}, {PARTITIONS})` (seed 11, then one vote per \
                  partition far after the last, in part 2), and `{REPUTATION_FILE}` holds the \

@@ -1,5 +1,5 @@
 //! Arbitrary bytes → `connect::intake::check`, the body parser of
-//! `POST /v1/votes` (SPEC §12), read both as JSON and as NDJSON.
+//! `POST /v1/votes` (contract §12), read both as JSON and as NDJSON.
 //!
 //! Checked, besides "no panic": every vote of the body is answered once,
 //! in request order (its index); a valid vote is a piece of the body, and

@@ -1,4 +1,4 @@
-//! Arbitrary text → the query API's request parsing (SPEC §9, §11) short
+//! Arbitrary text → the query API's request parsing (contract §9, §11) short
 //! of a request (`query_router` sends whole requests): the query string
 //! of every route (`canonical_query`, then axum's `Query` into the route's
 //! struct, `params`), the check of `%` escapes (`malformed_escape`) and

@@ -1,8 +1,8 @@
 //! Arbitrary bytes → `input::decode_vote`, the decoder `run` applies to
-//! each Kafka message and `replay` to each JSONL line (SPEC §1).
+//! each Kafka message and `replay` to each JSONL line (contract §1).
 //!
 //! Checked on every input, besides "no panic":
-//! - the answer is the same as a reference reading of SPEC §1 written
+//! - the answer is the same as a reference reading of contract §1 written
 //!   here over a plain JSON tree (accepted or not, the rejection's
 //!   reason, every field of an accepted vote);
 //! - an accepted vote holds what the decoder guarantees: ids of 1..=256
@@ -181,7 +181,7 @@ fn exact_time(t: Nanos) -> Value {
     format_timestamp(t).into()
 }
 
-/// SPEC §1 read directly, over a [`Json`] tree (read with the same
+/// contract §1 read directly, over a [`Json`] tree (read with the same
 /// nesting limit, 128, as the decoder's walk) and the raw text of each
 /// field (for "an integer is a number without fraction or exponent").
 /// The checks run in the decoder's order, so that a message that breaks
@@ -279,7 +279,7 @@ fn id(v: Option<(&Json, &str)>) -> Result<Option<Id>, Reason> {
                 // KNOWN DEVIATION (reported, not fixed): serde_json reads
                 // the integer `-0` as the float -0.0, and so does it
                 // `-0.0`, `-0e5`, ...: the decoder cannot tell them apart
-                // and accepts each as the id "0"; SPEC §1 makes a number
+                // and accepts each as the id "0"; contract §1 makes a number
                 // with a fraction or exponent invalid_field.
                 Ok(Some("0".into()))
             } else {
@@ -302,7 +302,7 @@ fn time(v: &Json) -> Result<Nanos, Reason> {
 /// on), `Value` reads an object whose first key is
 /// `$serde_json::private::RawValue` as the JSON text in that key's string
 /// (this target found it: such a message is an object to the decoder and
-/// to SPEC §1, not malformed). Read through `deserialize_any`, so with
+/// to contract §1, not malformed). Read through `deserialize_any`, so with
 /// serde_json's nesting limit, as the decoder.
 enum Json {
     Null,

@@ -1,4 +1,4 @@
-//! The query API's routes (SPEC §9), merged into the one HTTP server of
+//! The query API's routes (contract §9), merged into the one HTTP server of
 //! `run` (`server`):
 //!
 //! - `GET /v1/inferences/{id}` and `GET /v1/leaderboard[?voter_prompt_id=R]`
@@ -6,7 +6,7 @@
 //!   peers (`api.peers`) hold;
 //! - `GET /v1/rubrics`, `GET /v1/voters/{voter_id}` and
 //!   `GET /v1/voters?voter_prompt_id=R[&order=deviation|voter_id][&limit=N]`
-//!   (SPEC §11) the same way;
+//!   (contract §11) the same way;
 //! - `GET /v1/local/…` (inferences, leaderboard, rubrics, voters) answer
 //!   for this instance's partitions only, per partition: what peers ask
 //!   each other.
@@ -436,7 +436,7 @@ async fn voter(
     .await
 }
 
-/// `GET /v1/voters/{voter_id}`'s answer: SPEC §11's rows with §14's
+/// `GET /v1/voters/{voter_id}`'s answer: contract §11's rows with §14's
 /// learned weight (null without tables: mode `off`, or before every
 /// partition has sealed an epoch).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

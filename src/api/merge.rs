@@ -1,5 +1,5 @@
 //! Pure: one answer for the group from every instance's answer for its
-//! partitions (SPEC §9, §11), or which partitions no instance holds ready
+//! partitions (contract §9, §11), or which partitions no instance holds ready
 //! (a 503).
 
 use std::collections::BTreeMap;
@@ -124,7 +124,7 @@ pub fn merge_board(
 }
 
 /// The agreement rows of the whole group: every partition's sums added
-/// exactly, α computed once (SPEC §11), in `voter_prompt_id` byte order.
+/// exactly, α computed once (contract §11), in `voter_prompt_id` byte order.
 pub fn merge_rubrics(answers: Vec<LocalAnswer<RubricSumsOut>>) -> Result<RubricsOut, Unavailable> {
     let mut sums: BTreeMap<String, RubricSums> = BTreeMap::new();
     for r in covering(answers)?.into_iter().flatten() {

@@ -1,4 +1,4 @@
-//! The query API (SPEC §9): answers from the partition states in RocksDB.
+//! The query API (contract §9): answers from the partition states in RocksDB.
 //!
 //! - [`Holdings`]: which input partitions this instance holds, ready (its
 //!   store) or restoring, and how many partitions each input topic has.
@@ -44,9 +44,9 @@ struct Inner {
 pub struct Holdings {
     inner: RwLock<Inner>,
     /// `scoring.initial_score`: the part of a score its interval does not
-    /// cover (SPEC §13).
+    /// cover (contract §13).
     initial_score: f64,
-    /// SPEC §14: the group's newest tables (None in mode `off`, and until
+    /// contract §14: the group's newest tables (None in mode `off`, and until
     /// every partition has sealed an epoch).
     reputation: RwLock<Option<Arc<GroupWeights>>>,
 }
@@ -107,7 +107,7 @@ pub struct LocalAnswer<T> {
     pub partitions: Vec<PartAnswer<T>>,
 }
 
-/// One series of an inference (SPEC §9).
+/// One series of an inference (contract §9).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SeriesOut {
     pub voter_prompt_id: String,
@@ -121,7 +121,7 @@ pub struct SeriesOut {
     pub pending_votes: u64,
     pub voters: Vec<String>,
     pub voters_truncated: bool,
-    /// SPEC §13 (null before the first update).
+    /// contract §13 (null before the first update).
     pub effective_votes: Option<f64>,
     pub score_interval: Option<(f64, f64)>,
 }
@@ -148,7 +148,7 @@ pub struct BoardRowOut {
     pub score_squares_fixed: Option<String>,
 }
 
-/// One leaderboard row (SPEC §9).
+/// One leaderboard row (contract §9).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaderRow {
     pub model_id: Option<String>,
@@ -157,7 +157,7 @@ pub struct LeaderRow {
     pub mean_score: f64,
     pub ambiguous_series: u64,
     pub votes: u64,
-    /// SPEC §13: the sample sd of the row's scores and the 95 % interval
+    /// contract §13: the sample sd of the row's scores and the 95 % interval
     /// of `mean_score` (null below two series).
     pub score_sd: Option<f64>,
     pub mean_score_interval: Option<(f64, f64)>,
@@ -213,7 +213,7 @@ pub struct ReviewerOut {
     pub sq_dev_fixed: String,
 }
 
-/// `GET /v1/rubrics` (SPEC §11).
+/// `GET /v1/rubrics` (contract §11).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RubricsOut {
     pub rubrics: Vec<RubricRow>,

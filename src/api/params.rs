@@ -1,4 +1,4 @@
-//! What a query API request's path and query string parse to (SPEC §9):
+//! What a query API request's path and query string parse to (contract §9):
 //! the strict id extractor ([`Id`]), one query struct per route behind
 //! [`Params`], which refuses unknown parameters, and [`canonical_query`]
 //! (pure, fuzzed in `fuzz/`). Rejections are the API's JSON 400s
@@ -22,7 +22,7 @@ pub fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
 }
 
-/// Longest id (SPEC §1).
+/// Longest id (contract §1).
 const MAX_ID_BYTES: usize = 256;
 
 /// The rejection handler: an extractor's refusal (a bad query string or
@@ -38,7 +38,7 @@ pub(super) fn bad_request(message: String) -> Response {
 /// The `{inference_id}` or `{voter_id}` of a route: axum's `Path`, strict.
 /// An id that is not UTF-8 once decoded is a 400 (axum's rejection), and
 /// so is a malformed `%` escape in the raw segment (see
-/// [`malformed_escape`]), an empty id or one over 256 bytes (SPEC §1).
+/// [`malformed_escape`]), an empty id or one over 256 bytes (contract §1).
 /// Messages name the parameter as the OpenAPI document does.
 pub struct Id(pub String);
 
@@ -105,7 +105,7 @@ pub fn params<T: DeserializeOwned>(query: &str) -> Result<T, Response> {
 /// A raw query string as the query structs read it, or what is wrong with
 /// it: every `%` escape well-formed and every name and value UTF-8 once
 /// decoded (axum's `Query` passes a malformed `%` through and replaces
-/// bytes that are not UTF-8, SPEC §9 wants a 400); each parameter once, at
+/// bytes that are not UTF-8, contract §9 wants a 400); each parameter once, at
 /// its last value (the OpenAPI document: "when a parameter is repeated the
 /// last one counts"; a query struct refuses a repeated field); no empty
 /// pair. Pure, public for the fuzz targets (`fuzz/`).

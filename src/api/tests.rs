@@ -132,7 +132,7 @@ fn the_leaderboard_sums_exactly_across_partitions_and_sorts() {
     assert_eq!(only_a.rows[0].votes, 2);
 }
 
-/// SPEC §13: a row's squares add across partitions like its sum; a part
+/// contract §13: a row's squares add across partitions like its sum; a part
 /// from an instance that sends no squares (an older version) makes the
 /// row's sd unknown, not wrong.
 #[test]

@@ -1,4 +1,4 @@
-//! Judging score updates (SPEC §10), pure: no I/O, no clock. A [`Judge`]
+//! Judging score updates (contract §10), pure: no I/O, no clock. A [`Judge`]
 //! takes one grid point's score updates in emission order; [`outcome`]
 //! ranks the points and picks thresholds.
 
@@ -30,7 +30,7 @@ pub struct Sums {
     pub log_loss: f64,
     /// Σ (m_prev − m)²: the naive forecast "the previous batch's mean vote".
     pub sq_err_last: f64,
-    /// Updates whose previous score had an interval (SPEC §13), and those
+    /// Updates whose previous score had an interval (contract §13), and those
     /// of them whose interval held the batch's mean vote.
     pub with_interval: u64,
     pub covered: u64,
@@ -79,7 +79,7 @@ pub struct Metrics {
     pub log_loss: Option<f64>,
     pub skill: Option<f64>,
     /// The share of these updates whose previous score's 95 % interval
-    /// (SPEC §13) held the batch's mean vote (those with an interval).
+    /// (contract §13) held the batch's mean vote (those with an interval).
     pub coverage: Option<f64>,
 }
 

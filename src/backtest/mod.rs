@@ -1,4 +1,4 @@
-//! `jurystream backtest` (SPEC §10): replays a vote file once per (λ,
+//! `jurystream backtest` (contract §10): replays a vote file once per (λ,
 //! window) of a grid with the engine of `replay`, and judges how well each
 //! series' score before a batch predicts that batch.
 //!
@@ -139,7 +139,7 @@ pub fn parse_duration_seconds(s: &str) -> Option<f64> {
 
 impl RawOptions {
     /// Checks every flag; defaults come from `cfg` (λ, time unit, window)
-    /// and from SPEC §10 (thresholds, review budget, step).
+    /// and from contract §10 (thresholds, review budget, step).
     pub fn resolve(self, cfg: &Config) -> Result<Options, UsageError> {
         let lambdas = match &self.lambda {
             Some(t) => list("--lambda", t, non_negative, "a number >= 0")?,

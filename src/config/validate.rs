@@ -175,7 +175,7 @@ impl Sections {
         self.validate_connect()
     }
 
-    /// `[connect]` and `[label_studio]` (SPEC §12).
+    /// `[connect]` and `[label_studio]` (contract §12).
     fn validate_connect(&self) -> Result<(), ConfigError> {
         let c = &self.connect;
         c.listen
@@ -267,7 +267,7 @@ impl Sections {
         Ok(())
     }
 
-    /// `[reputation]` (SPEC §14): each key in its range; the rules that
+    /// `[reputation]` (contract §14): each key in its range; the rules that
     /// tie `epoch_seconds` to the batching unless the mode is `off`
     /// ([`Config::check_epochs`] checks them in any mode).
     fn validate_reputation(&self) -> Result<(), ConfigError> {

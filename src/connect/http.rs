@@ -1,4 +1,4 @@
-//! `connect`'s routes (SPEC §12): `POST /v1/votes` and
+//! `connect`'s routes (contract §12): `POST /v1/votes` and
 //! `POST /hooks/label-studio`, behind the bearer token when one is set.
 //! `/metrics`, `/healthz` and `/readyz` come from the shared server
 //! (`crate::server`), which also limits the body (413).

@@ -1,5 +1,5 @@
-//! `POST /v1/votes` without I/O (SPEC §12): a body becomes votes in
-//! request order, each checked by the rules of SPEC §1; a valid one is
+//! `POST /v1/votes` without I/O (contract §12): a body becomes votes in
+//! request order, each checked by the rules of contract §1; a valid one is
 //! kept as its JSON text, unchanged, with its Kafka key (the inference id).
 
 use serde::Serialize;

@@ -1,6 +1,6 @@
-//! Label Studio annotations as votes (SPEC §12), without I/O: a webhook
+//! Label Studio annotations as votes (contract §12), without I/O: a webhook
 //! body, or an annotation the sync read, becomes the votes of its mapped
-//! controls. A vote that breaks SPEC §1 (an unknown label, a task without
+//! controls. A vote that breaks contract §1 (an unknown label, a task without
 //! the inference field) is made anyway: `run` rejects it to its DLQ with
 //! the payload, so nothing disappears unseen.
 
@@ -157,7 +157,7 @@ pub struct MappedVote {
     pub json: String,
 }
 
-/// The votes of one annotation of `task` in `project` (SPEC §12).
+/// The votes of one annotation of `task` in `project` (contract §12).
 pub fn annotation_votes(
     map: &Mapping,
     project: &Project,
@@ -353,7 +353,7 @@ mod tests {
                 expect("score", 0.95.into()),
             ]
         );
-        // Every vote is valid by SPEC §1.
+        // Every vote is valid by contract §1.
         let opts = crate::input::DecodeOptions {
             max_message_bytes: 1 << 20,
             default_voter_prompt_id: None,

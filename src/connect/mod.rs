@@ -1,4 +1,4 @@
-//! `jurystream connect` (SPEC §12): the front door between labelling tools
+//! `jurystream connect` (contract §12): the front door between labelling tools
 //! and Kafka. Stateless: any number of instances behind one address.
 //!
 //! - [`http`]: `POST /v1/votes` (any tool that can call a URL; votes
@@ -137,7 +137,7 @@ pub fn run(cfg: Config, stop: &AtomicBool) -> Result<(), ConnectError> {
         }
         Ok(())
     })?;
-    // SPEC §12 (v4): out of rotation first, then serve on for the drain
+    // contract §12 (v4): out of rotation first, then serve on for the drain
     // time (a load balancer's health check notices the 503 meanwhile),
     // then finish every request received.
     metrics.set_ready(false);

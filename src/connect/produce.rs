@@ -107,7 +107,7 @@ impl Producer {
 
     /// Sends every `(key, payload)` (an empty key: none) and waits for all
     /// acknowledgements, within `connect.produce_timeout_ms` in all.
-    /// Each record carries [`SOURCE_HEADER`] = `source` (SPEC §12).
+    /// Each record carries [`SOURCE_HEADER`] = `source` (contract §12).
     pub async fn send_all(
         &self,
         source: Source,

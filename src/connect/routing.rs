@@ -1,4 +1,4 @@
-//! Disputed items back to reviewers (SPEC §12): `connect` consumes
+//! Disputed items back to reviewers (contract §12): `connect` consumes
 //! `outputs.flags_topic` (group `<kafka.group_id>-label-studio`) and, for
 //! each `ambiguity_flagged` event with a Label Studio vote, raises its
 //! task's overlap and unlabels it, so Label Studio serves it to more
@@ -21,7 +21,7 @@ use crate::config::Config;
 use crate::error::Chain;
 use crate::telemetry::connect::{ConnectMetrics, Routing};
 
-/// The overlap to ask for (SPEC §12): min(max, max(overlap, total +
+/// The overlap to ask for (contract §12): min(max, max(overlap, total +
 /// extra)); None when that leaves no room for another review (the task is
 /// at its cap).
 pub fn new_overlap(overlap: u64, total: u64, extra: u64, max: u64) -> Option<u64> {

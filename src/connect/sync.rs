@@ -1,4 +1,4 @@
-//! The sync (SPEC §12): Label Studio does not retry a failed webhook, so
+//! The sync (contract §12): Label Studio does not retry a failed webhook, so
 //! every `label_studio.sync_interval_seconds` `connect` reads the
 //! annotations updated since its last pass and produces their votes again.
 //! `run` drops those it already has as duplicates; the missed ones arrive

@@ -1,4 +1,4 @@
-//! Reviewer agreement (SPEC §11): Krippendorff's α with the interval
+//! Reviewer agreement (contract §11): Krippendorff's α with the interval
 //! metric per rubric, and each reviewer's squared deviation from the other
 //! votes of the same batch: the arithmetic (pure functions of a unit's
 //! values), and below it the engine's agreement state (`query_index`).
@@ -195,7 +195,7 @@ pub fn values(counted: &[Entry]) -> Vec<f64> {
         .collect()
 }
 
-/// One rubric's row (SPEC §11).
+/// One rubric's row (contract §11).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RubricRow {
     pub voter_prompt_id: String,
@@ -215,7 +215,7 @@ impl RubricRow {
     }
 }
 
-/// One reviewer's row for one rubric (SPEC §11).
+/// One reviewer's row for one rubric (contract §11).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VoterRow {
     pub voter_id: String,

@@ -1,4 +1,4 @@
-//! The leaderboard of one partition (SPEC §9, §13): per (model_id,
+//! The leaderboard of one partition (contract §9, §13): per (model_id,
 //! voter_prompt_id), the scored series, the exact sums of their current
 //! scores and of their squares, the flagged ones and their votes. Kept incrementally: a score
 //! change moves the row by the series' old and new contribution.
@@ -27,7 +27,7 @@ pub struct BoardRow {
     pub score_sum: i128,
     pub ambiguous: u64,
     pub votes: u64,
-    /// Σ [`fixed_square`]`(score)` (SPEC §13: the rows' `score_sd`).
+    /// Σ [`fixed_square`]`(score)` (contract §13: the rows' `score_sd`).
     pub score_squares: i128,
 }
 
@@ -156,7 +156,7 @@ impl BoardRow {
     }
 
     /// The 95 % interval of the row's mean score across its series
-    /// (SPEC §13): `mean ± z · sd / √n` (None below two series).
+    /// (contract §13): `mean ± z · sd / √n` (None below two series).
     pub fn mean_score_interval(&self) -> Option<(f64, f64)> {
         let sd = self.score_sd()?;
         let mean = self.mean_score();

@@ -34,7 +34,7 @@ pub(super) struct SeriesEntry {
     pub open: smallvec::SmallVec<[u64; 2]>,
     /// Changed since the last drain.
     pub dirty: bool,
-    /// SPEC §14 open values (modes `shadow` and `learned`).
+    /// contract §14 open values (modes `shadow` and `learned`).
     pub values: super::learn::Values,
     /// Tick of the last use (least recently used goes first).
     pub used: u64,
@@ -402,7 +402,7 @@ impl Engine {
             }
             return seq;
         };
-        // The series' open values (SPEC §14) are an allocation of their
+        // The series' open values (contract §14) are an allocation of their
         // own, cold when a vote comes: their load starts now and overlaps
         // the batch's lookup, instead of following it.
         if value.is_some() {

@@ -10,7 +10,7 @@ use crate::time::Nanos;
 
 /// One change to persist, as [`Engine::drain_changes`] reports it.
 pub enum Change<'a> {
-    /// A series' state, with its open values of every epoch (SPEC §14).
+    /// A series' state, with its open values of every epoch (contract §14).
     Series(&'a SeriesKey, &'a SeriesState, OpenValues<'a>),
     Batch(&'a BatchKey, Option<&'a Batch>),
     /// An accepted vote's identity and vote time (identities are forgotten
@@ -18,7 +18,7 @@ pub enum Change<'a> {
     /// vote time the store held for it before, if the identity is accepted
     /// again after the retention forgot it (its index entry goes), and
     /// (`query_index` only) the vote: the store keeps the series' voters
-    /// (SPEC §9) as an index of its identities, and SPEC §14's open values
+    /// (contract §9) as an index of its identities, and contract §14's open values
     /// in them.
     Dedupe(u128, Nanos, Option<Nanos>, Option<Voted<'a>>),
     Meta(&'a Meta),
@@ -30,15 +30,15 @@ pub enum Change<'a> {
     /// only).
     Reviewer(&'a ReviewerKey, &'a ReviewerStats),
     /// A series' open values of an epoch that a format-9 store held in a
-    /// record of their own (SPEC §14), now sealed: the record goes.
+    /// record of their own (contract §14), now sealed: the record goes.
     OpenUnitGone(Epoch, &'a SeriesKey),
     /// A value stored as a record of its own by format 8, now sealed: its
     /// record goes.
     OpenValueGone(&'a OpenKey),
-    /// A sealed delta of this partition (SPEC §14), written once.
+    /// A sealed delta of this partition (contract §14), written once.
     Terms(&'a TermsKey, &'a Terms),
     /// A closed batch waiting at the barrier, by its place in the close
-    /// order (SPEC §14; `None`: it was scored).
+    /// order (contract §14; `None`: it was scored).
     Pending(u64, Option<&'a Pending>),
 }
 
@@ -47,7 +47,7 @@ pub enum Change<'a> {
 pub struct Voted<'a> {
     pub series: &'a SeriesKey,
     pub voter: &'a str,
-    /// The vote's value when SPEC §14 collects (`Some(None)`: an
+    /// The vote's value when contract §14 collects (`Some(None)`: an
     /// abstention), its epoch's open value until the epoch seals.
     pub open: Option<Option<f64>>,
 }

@@ -1,4 +1,4 @@
-//! The close step (SPEC §2 (5)–(6), §3): which batches a watermark or a
+//! The close step (contract §2 (5)–(6), §3): which batches a watermark or a
 //! full batch closes, in what order, and the score update each closed
 //! batch makes of its series.
 
@@ -39,7 +39,7 @@ impl Engine {
     }
 
     /// Closes the open batch `seq` (nothing if it is closed already): scores
-    /// it, or in `learned` mode keeps it pending at the barrier (SPEC §14)
+    /// it, or in `learned` mode keeps it pending at the barrier (contract §14)
     /// while its table is not final or an earlier batch waits.
     pub(super) fn close_batch(&mut self, seq: u64, out: &mut Vec<ScoreUpdate>) {
         let Some(OpenBatch { key, batch }) = self.batches.remove(&seq) else {
@@ -86,7 +86,7 @@ impl Engine {
         if self.cfg.query_index {
             self.note_unit(&key.series.voter_prompt_id, &counted);
         }
-        // `learned` (SPEC §14): each counted vote's ω in T_k, and (k − 1)·E.
+        // `learned` (contract §14): each counted vote's ω in T_k, and (k − 1)·E.
         let learned = (self.cfg.reputation.learned() && !counted.is_empty()).then(|| {
             let (table, until) = self.table_for(&key.series.voter_prompt_id, key.window_start);
             let weights: smallvec::SmallVec<[f64; 4]> =
@@ -158,7 +158,7 @@ impl Engine {
         let dt_seconds = dt_ns as f64 / NANOS_PER_SEC as f64;
         let alpha = score::decay(params.lambda, dt_seconds, params.time_unit);
         // The step, damped in `learned` mode by the batch's mean ω
-        // (SPEC §14): R = Σ r_i against R' = Σ r'_i (`weight_sum`).
+        // (contract §14): R = Σ r_i against R' = Σ r'_i (`weight_sum`).
         let callers = learned.as_ref().map(|_| {
             let mut r = 0.0;
             for e in &counted {

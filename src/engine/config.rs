@@ -1,5 +1,5 @@
 //! What an engine is configured with: the scoring parameters, per rubric
-//! where overridden, and the decay (SPEC §2–§3, §6).
+//! where overridden, and the decay (contract §2–§3, §6).
 
 use std::collections::HashMap;
 
@@ -18,7 +18,7 @@ pub struct RubricParams {
 }
 
 /// A decay setting scored alongside the configured one (the backtest's
-/// other λ of a window, SPEC §10): (lambda, time unit) by default and per
+/// other λ of a window, contract §10): (lambda, time unit) by default and per
 /// rubric that sets its own.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decay {
@@ -60,15 +60,15 @@ pub struct EngineConfig {
     pub retention_ns: i128,
     pub defaults: RubricParams,
     pub rubrics: HashMap<String, RubricParams>,
-    /// Keep what the query API reads (SPEC §9): each series' voters and
+    /// Keep what the query API reads (contract §9): each series' voters and
     /// the partition's leaderboard rows. Off for a temporary replay state,
-    /// which nobody queries (nor reopens: SPEC §14's open values are not
+    /// which nobody queries (nor reopens: contract §14's open values are not
     /// written to it either).
     pub query_index: bool,
     /// Other decays whose scores every series also keeps (the backtest;
     /// empty otherwise): [`ScoreUpdate::companions`].
     pub companions: Vec<Decay>,
-    /// SPEC §14.
+    /// contract §14.
     pub reputation: ReputationParams,
 }
 

@@ -1,4 +1,4 @@
-//! Vote identities (SPEC §4): the 128-bit hash a duplicate is recognised
+//! Vote identities (contract §4): the 128-bit hash a duplicate is recognised
 //! by, and the derived `vote_id` of a vote that has none.
 
 use crate::input::Vote;
@@ -46,7 +46,7 @@ fn tuple_identity(v: &Vote) -> u128 {
     )
 }
 
-/// The identity of SPEC §4: series plus `vote_id`, or the tuple. The two
+/// The identity of contract §4: series plus `vote_id`, or the tuple. The two
 /// kinds are tagged apart so they never match each other.
 pub fn vote_identity(v: &Vote) -> u128 {
     match &v.vote_id {

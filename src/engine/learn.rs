@@ -1,4 +1,4 @@
-//! The engine's side of SPEC §14: each open epoch's values, sealing as the
+//! The engine's side of contract §14: each open epoch's values, sealing as the
 //! watermark passes an epoch, the tables a batch is scored with, and the
 //! changes to persist. The math is `reputation.rs`'s.
 
@@ -157,7 +157,7 @@ pub(super) struct PendingSlot {
 }
 
 impl Engine {
-    /// `run` (SPEC §14): the tables become the group's, fed by the shell
+    /// `run` (contract §14): the tables become the group's, fed by the shell
     /// with every partition's sealed deltas (this one's included, as read
     /// back from the topic: its own seals no longer enter them directly),
     /// and in `learned` mode a batch of epoch k waits until
@@ -455,7 +455,7 @@ impl Engine {
         &self.tables
     }
 
-    /// Open values held (SPEC §8 `jurystream_reputation_open_values`).
+    /// Open values held (contract §8 `jurystream_reputation_open_values`).
     pub fn open_values(&self) -> usize {
         self.open_count
     }
@@ -482,7 +482,7 @@ impl Engine {
                 if !e.open.contains(&p.key.seq) {
                     e.open.push(p.key.seq);
                 }
-                // Votes of open and waiting batches (SPEC §9 pending_votes).
+                // Votes of open and waiting batches (contract §9 pending_votes).
                 let batches = &self.batches;
                 e.state.pending = e
                     .open

@@ -1,4 +1,4 @@
-//! The pure core (SPEC §2–§4): windows, watermark, batches, supersede,
+//! The pure core (contract §2–§4): windows, watermark, batches, supersede,
 //! duplicates and scoring for one input partition.
 //!
 //! Time is always an argument: nothing here reads a clock, touches RocksDB,
@@ -109,7 +109,7 @@ pub struct Engine {
     board: FxHashMap<BoardKey, BoardRow>,
     dirty_board: Vec<BoardKey>,
     /// The series and voter of each identity accepted since the last drain
-    /// and, when SPEC §14 collects, the vote's value (`query_index` only;
+    /// and, when contract §14 collects, the vote's value (`query_index` only;
     /// counted in `cache_bytes` so that a replay writes them out when it
     /// fills).
     identity_voters: FxHashMap<u128, (SeriesKey, Id, Option<Option<f64>>)>,
@@ -120,7 +120,7 @@ pub struct Engine {
     /// (`query_index` only).
     reviewers: FxHashMap<ReviewerKey, agreement::ReviewerEntry>,
     dirty_reviewers: Vec<ReviewerKey>,
-    /// SPEC §14: each open epoch's latest vote per series and reviewer
+    /// contract §14: each open epoch's latest vote per series and reviewer
     /// (modes `shadow` and `learned`) is kept in the series' cache entry
     /// (a vote finds it with its series), and here while the series is
     /// not cached (evicted, or restored without it).
@@ -328,7 +328,7 @@ impl Engine {
         self.series.get(key).map(|e| &e.state)
     }
 
-    /// Steps (2)–(6) of SPEC §2 for a validated vote, then the close step.
+    /// Steps (2)–(6) of contract §2 for a validated vote, then the close step.
     /// Score updates are appended to `out` in emission order.
     pub fn process(&mut self, vote: &Vote, out: &mut Vec<ScoreUpdate>) -> Outcome {
         self.process_with_identity(vote, vote_identity(vote), out)
@@ -480,10 +480,10 @@ impl Engine {
         matches!(wm, Some(wm) if wm - seen_at > self.cfg.retention_ns)
     }
 
-    /// Vote time below which a vote identity no longer counts (SPEC §4
+    /// Vote time below which a vote identity no longer counts (contract §4
     /// retention): what the state store's sweep may delete.
     ///
-    /// With SPEC §14 collecting into a store that is restored from, no
+    /// With contract §14 collecting into a store that is restored from, no
     /// later than the start of the oldest open epoch: the identities of
     /// open epochs' votes hold their values (format 11), and a restore
     /// reads them. The engine forgets an identity by its time all the same

@@ -31,12 +31,12 @@ pub struct SeriesState {
     /// Accepted votes in the series' open batches.
     pub pending: u64,
     /// The last scored batch's mean vote (None before the first update):
-    /// the backtest's naive forecast of the next batch (SPEC §10).
+    /// the backtest's naive forecast of the next batch (contract §10).
     pub last_mean_vote: Option<f64>,
     /// The score under each of [`EngineConfig::companions`] (empty
     /// without them).
     pub companion_scores: Box<[f64]>,
-    /// The evidence behind the score (SPEC §13).
+    /// The evidence behind the score (contract §13).
     pub evidence: Evidence,
     /// The evidence behind each companion score (empty without them).
     pub companion_evidence: Box<[Evidence]>,
@@ -110,7 +110,7 @@ impl Batch {
     }
 }
 
-/// A closed batch waiting at `learned` mode's barrier (SPEC §14), with
+/// A closed batch waiting at `learned` mode's barrier (contract §14), with
 /// the model id its series had when it closed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pending {

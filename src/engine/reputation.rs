@@ -1,4 +1,4 @@
-//! Learned reviewer reputation (SPEC §14), pure: epochs, the terms a
+//! Learned reviewer reputation (contract §14), pure: epochs, the terms a
 //! sealed series-epoch adds, the tables built from them and the weights a
 //! table gives, and the damped step of `learned` mode.
 //!
@@ -226,7 +226,7 @@ impl Sealer {
 }
 
 /// One rubric's sums and what they give: τ², and each reviewer's σ̂² and
-/// ω (SPEC §14 "Tables").
+/// ω (contract §14 "Tables").
 #[derive(Debug, Clone, PartialEq)]
 pub struct Table {
     pub totals: Terms,
@@ -245,7 +245,7 @@ pub struct Rated {
 }
 
 impl Table {
-    /// The table of a rubric's per-reviewer sums, in f64 in SPEC §14's
+    /// The table of a rubric's per-reviewer sums, in f64 in contract §14's
     /// order (Rust never fuses a multiply-add unless asked).
     pub fn build(p: &ReputationParams, sums: impl IntoIterator<Item = (Id, Terms)>) -> Table {
         let sums: Vec<(Id, Terms)> = sums.into_iter().filter(|(_, t)| t.n > 0).collect();
@@ -407,7 +407,7 @@ impl Tables {
     }
 }
 
-/// The damped step of `learned` mode (SPEC §14): `kappa` and `beta` for
+/// The damped step of `learned` mode (contract §14): `kappa` and `beta` for
 /// decay `alpha` and the batch's caller weights' sum `r` and applied
 /// weights' sum `r_learned`. With `r_learned ≥ r` (c = 1) they are α and
 /// 1 − α exactly, so such a batch scores bit for bit as §3.

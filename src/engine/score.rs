@@ -1,4 +1,4 @@
-//! The scoring math of SPEC §3 and §13: pure functions of numbers, nothing
+//! The scoring math of contract §3 and §13: pure functions of numbers, nothing
 //! else.
 
 /// How a batch's votes become one aggregate `a`.
@@ -70,7 +70,7 @@ pub struct Moments {
     pub weight_sum: f64,
     pub mean: f64,
     pub variance: f64,
-    /// `D = Σ r² / (Σ r)²` (SPEC §13): 1/n for n equal weights.
+    /// `D = Σ r² / (Σ r)²` (contract §13): 1/n for n equal weights.
     pub concentration: f64,
 }
 
@@ -103,7 +103,7 @@ pub fn moments(votes: &[(f64, f64)]) -> Moments {
 /// z of a two-sided 95 % interval.
 pub const Z95: f64 = 1.959963984540054;
 
-/// How much evidence is behind a score (SPEC §13), kept per series beside
+/// How much evidence is behind a score (contract §13), kept per series beside
 /// it: `v`, the share of the score that comes from votes rather than from
 /// the initial score, and `q`, the sum of the squared weights the votes
 /// have in the score (so that `v² / q` is Kish's effective sample size).
@@ -123,7 +123,7 @@ impl Evidence {
     }
 
     /// [`Evidence::update`] with a step of `beta` and `kappa` for what is
-    /// kept (`learned` mode's damped step, SPEC §14; κ = α, β = 1 − α
+    /// kept (`learned` mode's damped step, contract §14; κ = α, β = 1 − α
     /// otherwise): `V = κ V + β`, `Q = κ² Q + β² D`.
     pub fn step(self, kappa: f64, beta: f64, d: f64) -> Evidence {
         Evidence {
@@ -137,7 +137,7 @@ impl Evidence {
         (self.v != 0.0 && self.q != 0.0).then(|| self.v * self.v / self.q)
     }
 
-    /// The 95 % interval of `score` (SPEC §13): the Wilson interval of the
+    /// The 95 % interval of `score` (contract §13): the Wilson interval of the
     /// votes' part of the score, p̂ = (S − (1 − V) S₀) / V, with
     /// n = [`Evidence::effective_votes`], mapped back through
     /// S = (1 − V) S₀ + V p̂. None while there is no evidence.
@@ -210,7 +210,7 @@ pub fn update(alpha: f64, previous: f64, aggregate: f64) -> f64 {
 }
 
 /// `S_new = κ S + β a`: [`update`] with `learned` mode's damped step
-/// (SPEC §14).
+/// (contract §14).
 pub fn step(kappa: f64, beta: f64, previous: f64, aggregate: f64) -> f64 {
     kappa * previous + beta * aggregate
 }

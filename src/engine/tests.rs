@@ -263,7 +263,7 @@ pub(super) struct Model {
     batches: BTreeMap<BatchKey, Batch>,
     dedupe: HashMap<u128, Nanos>,
     /// The vote each identity names: series, voter, and its value when
-    /// SPEC §14 collects.
+    /// contract §14 collects.
     identity_votes: HashMap<u128, (SeriesKey, Id, Option<Option<f64>>)>,
     voters: std::collections::BTreeSet<(SeriesKey, String)>,
     board: HashMap<BoardKey, BoardRow>,
@@ -620,7 +620,7 @@ fn tables_stay_within_what_their_entries_are_charged() {
     }
 }
 
-/// SPEC §13 computed directly, not by the recursion: each counted vote i of
+/// contract §13 computed directly, not by the recursion: each counted vote i of
 /// update k weighs w = (1 − α_k) Π_{j>k} α_j · r_i / Σ r in the score, so
 /// V = Σ w, effective_votes = (Σ w)² / Σ w², and the votes' part of the
 /// score is p̂ = Σ_k (1 − α_k) Π_{j>k} α_j a_k / V (a_k the batch's

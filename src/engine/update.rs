@@ -13,7 +13,7 @@ pub enum Outcome {
     Late(Rejection),
 }
 
-/// A batch's score update (SPEC §5 `score_updated`, plus the flag data).
+/// A batch's score update (contract §5 `score_updated`, plus the flag data).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScoreUpdate {
     pub series: SeriesKey,
@@ -44,7 +44,7 @@ pub struct ScoreUpdate {
     pub variance: f64,
     /// The counted votes in `vote_ids` order.
     pub votes: Vec<Entry>,
-    /// SPEC §13: the evidence behind `score` as a number of votes, and
+    /// contract §13: the evidence behind `score` as a number of votes, and
     /// its 95 % interval (None while there is none).
     pub effective_votes: Option<f64>,
     pub score_interval: Option<(f64, f64)>,
@@ -52,11 +52,11 @@ pub struct ScoreUpdate {
     pub previous_interval: Option<(f64, f64)>,
     /// The same update under each of [`EngineConfig::companions`].
     pub companions: Vec<Forecast>,
-    /// `learned` mode (SPEC §14): the weights and step applied.
+    /// `learned` mode (contract §14): the weights and step applied.
     pub learned: Option<Learned>,
 }
 
-/// What `learned` mode applied to a batch (SPEC §14 "Outputs").
+/// What `learned` mode applied to a batch (contract §14 "Outputs").
 #[derive(Debug, Clone, PartialEq)]
 pub struct Learned {
     /// ω of each counted vote, in `votes` order (each vote's applied

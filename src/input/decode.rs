@@ -35,7 +35,7 @@ impl Scalar<'_> {
     }
 }
 
-/// The fields SPEC §1 names; `None` is "key absent". A repeated key: the last wins.
+/// The fields contract §1 names; `None` is "key absent". A repeated key: the last wins.
 #[derive(Debug, Default)]
 pub struct RawVote<'a> {
     pub inference_id: Option<Scalar<'a>>,

@@ -1,4 +1,4 @@
-//! Bytes → a validated [`Vote`] or a [`Rejection`] (SPEC §1).
+//! Bytes → a validated [`Vote`] or a [`Rejection`] (contract §1).
 //!
 //! Decoding is a single `serde_json` pass over the message into borrowed
 //! scalars; only the fields the contract names are looked at, every other
@@ -105,7 +105,7 @@ pub fn decode_vote(bytes: &[u8], opts: &DecodeOptions) -> Result<Vote, Rejection
 }
 
 /// Refuses a vote whose timestamp is more than `max_skew` ahead of `now`
-/// (the wall clock of a live service; SPEC §1 `invalid_timestamp`).
+/// (the wall clock of a live service; contract §1 `invalid_timestamp`).
 pub fn check_future_skew(vote: &Vote, now: Nanos, max_skew: Nanos) -> Result<(), Rejection> {
     if vote.timestamp > now.saturating_add(max_skew) {
         return Err(Rejection::new(
@@ -232,7 +232,7 @@ fn id_field(name: &str, v: Option<Scalar<'_>>) -> Result<Option<Id>, Rejection> 
     }
 }
 
-/// The vote labels of SPEC §1, matched after ASCII lower-casing.
+/// The vote labels of contract §1, matched after ASCII lower-casing.
 pub fn label_value(label: &str) -> Option<f64> {
     if label.len() > 7 {
         return None;

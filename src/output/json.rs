@@ -38,7 +38,7 @@ fn float(out: &mut Vec<u8>, v: f64) {
 /// Formatted numbers that repeat from event to event: a learned weight
 /// is one number per reviewer and table, `table_until` one per epoch, and
 /// formatting them again in every event was a third of what `learned`
-/// mode's events add (SPEC §14). A direct-mapped cache per thread, keyed
+/// mode's events add (contract §14). A direct-mapped cache per thread, keyed
 /// by the value's bits (a slot holds the last value that mapped to it).
 /// Hand-written: no crate caches formatted numbers, and this is a few
 /// dozen lines.

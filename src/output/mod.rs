@@ -1,4 +1,4 @@
-//! Output events → JSON (SPEC §5). Pure: the caller passes `processed_at`.
+//! Output events → JSON (contract §5). Pure: the caller passes `processed_at`.
 
 use serde::Serialize;
 
@@ -189,7 +189,7 @@ pub enum Route {
     Flags,
     /// `outputs.dlq_topic`: `vote_rejected`.
     Dlq,
-    /// `reputation.topic`: SPEC §14's sealed sums and seal records (modes
+    /// `reputation.topic`: contract §14's sealed sums and seal records (modes
     /// `shadow` and `learned`; not an event).
     Reputation,
 }

@@ -31,7 +31,7 @@ pub struct ReplayOptions<'a> {
     pub keep_open: bool,
     /// Metrics to keep up to date (served by `--metrics-listen`).
     pub metrics: Option<std::sync::Arc<crate::telemetry::Metrics>>,
-    /// `--partition-files` (SPEC §14): this file is one partition of
+    /// `--partition-files` (contract §14): this file is one partition of
     /// several, scored with tables over every partition's sealed deltas
     /// (all of these), never waiting.
     pub shared: Option<&'a [(TermsKey, Terms)]>,

@@ -292,7 +292,7 @@ fn commit_transaction(producer: &BaseProducer<ProduceCtx>, timeout: Duration) ->
 /// the records that seal the cycle (outbox chunks, marker) to its
 /// changelog partition. Returns the partitions sealed.
 fn send_changelog(s: &mut Session) -> Result<Vec<Tp>> {
-    // SPEC §14: what the partitions sealed goes with their cycle.
+    // contract §14: what the partitions sealed goes with their cycle.
     s.publish_reputation()?;
     let acked = s.producer.context().acked();
     let mut sealed = Vec::new();

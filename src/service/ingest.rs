@@ -34,7 +34,7 @@ pub fn idle_due<'a>(
 impl Session {
     /// One input record through the engine.
     /// `source`: the record's `source` label, as
-    /// [`crate::kafka::vote_source`] gives it (SPEC §12).
+    /// [`crate::kafka::vote_source`] gives it (contract §12).
     pub fn handle(
         &mut self,
         tp: &Tp,
@@ -173,7 +173,7 @@ impl Session {
     }
 
     /// Live mode's idle flush: a partition that accepted no vote for
-    /// `batching.idle_flush_seconds` (SPEC §2 v4: duplicates and rejected
+    /// `batching.idle_flush_seconds` (contract §2 v4: duplicates and rejected
     /// records are no activity) moves its watermark to now − grace, once
     /// every record of it has been read (`read_to_end`: a partition whose
     /// backlog is unread, just restored or resumed, is not idle).

@@ -4,7 +4,7 @@
 //! queue, in the order its fetches return them; a broker that serves some
 //! partitions faster than others makes their watermarks drift hours apart
 //! on a backlog (docs/PERFORMANCE.md). In `learned` mode an epoch seals only
-//! once every partition's watermark has passed it (SPEC §14), so a partition
+//! once every partition's watermark has passed it (contract §14), so a partition
 //! left behind holds the others' batches at the barrier, each written to
 //! RocksDB and deleted again. Kafka Streams picks the next record by
 //! timestamp across a task's partitions for the same reason.
@@ -47,7 +47,7 @@ const PATIENCE: Duration = Duration::from_millis(2000);
 /// How far (in event time) the lane read last may run ahead of the next
 /// lowest before the lanes are compared again: a record-by-record order
 /// would cost a comparison of every lane per record, and a minute is
-/// little next to an epoch (SPEC §14's default: a day). The order only
+/// little next to an epoch (contract §14's default: a day). The order only
 /// decides how much waits at the barrier, never an answer.
 const SLACK: Nanos = 60_000_000_000;
 
@@ -153,7 +153,7 @@ impl<C: ConsumerContext> Lanes<C> {
     /// has heard from the fetcher since it was split and is caught up. A
     /// partition without a lane (queued, restoring, paused) or whose first
     /// fetch has not answered yet is not: the idle flush must never close
-    /// windows ahead of a backlog no one has read (SPEC §2, §14: every
+    /// windows ahead of a backlog no one has read (contract §2, §14: every
     /// vote of it would be late).
     pub fn read_to_end(&self, consumer: &BaseConsumer<C>, tp: &Tp) -> bool {
         self.lanes

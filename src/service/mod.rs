@@ -1,4 +1,4 @@
-//! `jurystream run`: the Kafka service (SPEC §7).
+//! `jurystream run`: the Kafka service (contract §7).
 //!
 //! One consumer group member and one producer per session. Input records
 //! go through the engine ([`ingest`]); every `kafka.commit_interval_ms` the

@@ -137,7 +137,7 @@ impl Part {
         }
         let outcome = self.engine.process_with_identity(vote, identity, updates);
         if outcome == Outcome::Accepted {
-            // SPEC §2 (v4): only an accepted vote is activity; duplicates
+            // contract §2 (v4): only an accepted vote is activity; duplicates
             // (a sync resending delivered votes) must not hold batches open.
             self.last_accepted = Instant::now();
         }
@@ -145,7 +145,7 @@ impl Part {
         Ok(outcome)
     }
 
-    /// SPEC §14: the tables become the group's, starting from `deltas`.
+    /// contract §14: the tables become the group's, starting from `deltas`.
     pub fn share_tables(&mut self, deltas: &[(TermsKey, Terms)]) {
         self.engine.share_tables();
         self.add_deltas(deltas);

@@ -1,4 +1,4 @@
-//! SPEC §14 in `run`: each partition's sealed sums published to the
+//! contract §14 in `run`: each partition's sealed sums published to the
 //! compacted `reputation.topic` with its cycle, every instance reading the
 //! whole topic back into the group's view ([`Group`]), which feeds every
 //! partition's tables and releases the batches waiting at the barrier.
@@ -217,7 +217,7 @@ impl Group {
         self.tables.export()
     }
 
-    /// T_{k*+2} of every rubric, and (k* + 1)·E (SPEC §9 `weight`,
+    /// T_{k*+2} of every rubric, and (k* + 1)·E (contract §9 `weight`,
     /// `table_until`): None until every partition has sealed an epoch.
     pub fn newest(&mut self) -> Option<crate::api::GroupWeights> {
         let g = self.group_sealed()?;

@@ -212,7 +212,7 @@ fn session(
         local_partitions(cfg),
     );
     if cfg.reputation.mode != Mode::Off {
-        // Every input partition takes part in the barrier (SPEC §14).
+        // Every input partition takes part in the barrier (contract §14).
         let expected: Vec<Tp> = input_counts
             .iter()
             .flat_map(|(t, n)| (0..*n).map(move |p| (t.clone(), p)))
@@ -421,7 +421,7 @@ fn take(
     Ok(())
 }
 
-/// The record's `jurystream-source` header (SPEC §12), if any.
+/// The record's `jurystream-source` header (contract §12), if any.
 fn source_header(m: &impl Message) -> Option<&[u8]> {
     use rdkafka::message::Headers;
     m.headers()?

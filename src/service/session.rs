@@ -79,7 +79,7 @@ pub struct Session {
     /// `exactly_once`: how long after a cycle opens its steps must have
     /// ended (its transaction's timeout less [`TRANSACTION_MARGIN_MS`]).
     txn_budget: Option<Duration>,
-    /// SPEC §14 (modes `shadow` and `learned`): the reputation topic's
+    /// contract §14 (modes `shadow` and `learned`): the reputation topic's
     /// reader and the group's view.
     pub reputation: Option<super::reputation::Reputation>,
 }

@@ -1,4 +1,4 @@
-//! The session's side of SPEC §14 (`reputation.rs` has the topic's codec,
+//! The session's side of contract §14 (`reputation.rs` has the topic's codec,
 //! the group's view and its reader): what a cycle publishes, what the
 //! reader brings each loop turn, and a partition taken on.
 

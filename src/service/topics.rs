@@ -99,7 +99,7 @@ pub fn ensure(cfg: &Config, names: &Names) -> Result<()> {
                 .set("min.compaction.lag.ms", "86400000")
         })
         .collect();
-    // SPEC §14's sealed sums: compacted (one final record per key).
+    // contract §14's sealed sums: compacted (one final record per key).
     let reputation = &cfg.reputation.topic;
     if cfg.reputation.mode != crate::engine::reputation::Mode::Off
         && !partition_counts(cfg, std::slice::from_ref(reputation))?.contains_key(reputation)

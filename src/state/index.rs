@@ -1,7 +1,7 @@
 //! The local entries a write derives from its records, never sent to the
 //! changelog (whoever applies a record derives them, a changelog restore
 //! included): an identity's `t` index entry and `v` voter key, and a
-//! series' `j` entries of SPEC §14's open values, deleted by epoch range
+//! series' `j` entries of contract §14's open values, deleted by epoch range
 //! at a seal.
 
 use rocksdb::WriteBatch;
@@ -10,7 +10,7 @@ use super::keys::*;
 use super::{format, Store, StoreError, META_KEY};
 use crate::engine::reputation::Epoch;
 
-/// What a store knows of SPEC §14's epochs (for its `j` index).
+/// What a store knows of contract §14's epochs (for its `j` index).
 #[derive(Debug, Default)]
 pub(super) enum Epochs {
     /// Not loaded yet (a changelog restore): every series value's open
@@ -40,7 +40,7 @@ impl Store {
     /// index) and, when the value carries its vote's series and voter
     /// (format 9), that voter's `v` key. For a series whose value holds
     /// open values (format 10), a `j` entry per epoch of them. For the
-    /// partition's meta, once the store knows SPEC §14's epochs, the
+    /// partition's meta, once the store knows contract §14's epochs, the
     /// newest epoch its watermark sealed.
     pub(super) fn index_entries(
         &self,
@@ -76,7 +76,7 @@ impl Store {
         Ok(())
     }
 
-    /// What the store knows of SPEC §14's epochs.
+    /// What the store knows of contract §14's epochs.
     pub(super) fn epochs(&self) -> std::sync::MutexGuard<'_, Epochs> {
         self.epochs.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -206,7 +206,7 @@ pub(super) fn reviewer_key(rubric: &str, voter_id: &str) -> Vec<u8> {
 }
 
 /// `j` key: a series (by its `s` key) holds open values of `epoch`
-/// (SPEC §14). Local, like `t`: derived from the series' value by whoever
+/// (contract §14). Local, like `t`: derived from the series' value by whoever
 /// applies it. The epoch comes first, order-preserving (sign bit flipped,
 /// big-endian), so that a seal deletes an epoch's entries as one range.
 pub(super) fn open_index_key(epoch: Epoch, series_key: &[u8]) -> Vec<u8> {

@@ -128,7 +128,7 @@ impl Store {
         Ok((engine, stats))
     }
 
-    /// SPEC §14's open values (each with where the store holds it besides
+    /// contract §14's open values (each with where the store holds it besides
     /// its series' value) and this partition's sealed deltas. Tells the
     /// store the epochs (`shadow`, `learned`), and deletes the `j` entries
     /// of the epochs `meta`'s watermark sealed: a changelog restore derives

@@ -16,7 +16,7 @@
 //! Key layout (first byte is the record kind):
 //! - `m`                         → [`Meta`]
 //! - `s` len(inf) inf vp         → [`SeriesState`] (prefix-scannable by
-//!   inference), then (format 10) its SPEC §14 open values of every epoch:
+//!   inference), then (format 10) its contract §14 open values of every epoch:
 //!   (epoch, reviewer, vote time, value) each
 //! - `b` postcard([`BatchKey`])  → [`Batch`]
 //! - `d` identity (16 bytes BE)  → vote time (i128 LE), then (format 9,
@@ -29,18 +29,18 @@
 //!   carries its vote's series and voter, and sent by [`Store::sweep`] only
 //!   when it forgets that identity
 //! - `l` postcard(`BoardKey`)   → `BoardRow`: the partition's leaderboard (`board.rs`)
-//! - `e` postcard(epoch, inf, vp, voter) → SPEC §14 open value (vote time, value),
+//! - `e` postcard(epoch, inf, vp, voter) → contract §14 open value (vote time, value),
 //!   format 8; read while the series' value is older than 10, deleted at
 //!   the epoch's seal
-//! - `h` postcard(epoch, inf, vp) → SPEC §14 a series' open values of an
+//! - `h` postcard(epoch, inf, vp) → contract §14 a series' open values of an
 //!   epoch: (reviewer, vote time, value) each (format 9; read while the
 //!   series' value is older than 10, deleted at the epoch's seal)
 //! - `j` epoch (16, order-preserving) len(inf) inf vp → empty: local index
 //!   of the series values that hold open values of an epoch (format 10),
 //!   derived by [`Store::apply`] from every such series put, never sent;
 //!   an epoch's entries go as one range when a watermark seals it
-//! - `u` postcard(vp, epoch, voter) → SPEC §14 sealed delta of this partition (n, q, h)
-//! - `x` close order (u64 BE)    → SPEC §14 closed batch waiting at the barrier
+//! - `u` postcard(vp, epoch, voter) → contract §14 sealed delta of this partition (n, q, h)
+//! - `x` close order (u64 BE)    → contract §14 closed batch waiting at the barrier
 //! - `p` name                    → shell positions (input offset, changelog offset)
 //! - `c`, `o`…                   → the service's cycle marker and outbox
 //!   (`crate::service::changelog`); laid out by `format` (`format/service.rs`),
@@ -233,7 +233,7 @@ pub struct Store {
     /// A read-only look into a directory of a format before 7, which it
     /// cannot upgrade: values are read through `legacy`.
     legacy: bool,
-    /// SPEC §14's epochs, as a load tells them.
+    /// contract §14's epochs, as a load tells them.
     epochs: std::sync::Mutex<Epochs>,
     /// The newest epoch whose seal is durable here: compaction takes the
     /// open values of it and older epochs out of series values.
@@ -538,7 +538,7 @@ impl Store {
     }
 
     /// Records that forget up to `limit` identities whose vote time is
-    /// before `horizon` (SPEC §4 retention): deletes of the identity and of
+    /// before `horizon` (contract §4 retention): deletes of the identity and of
     /// its index entry, and, for an identity that carries its vote's series
     /// and voter (format 9), a put of that voter's `v` key: derived from
     /// the identity until now, the key must outlive it on the changelog

@@ -1,4 +1,4 @@
-//! Compaction takes SPEC §14's sealed open values out of series values.
+//! Compaction takes contract §14's sealed open values out of series values.
 //!
 //! A seal does not rewrite the series it seals (that would write the
 //! whole open state again at every epoch boundary): their values of the

@@ -671,7 +671,7 @@ fn voted<'a>(series: &'a SeriesKey, voter: &'a str, open: Option<Option<f64>>) -
     }
 }
 
-/// Format 11's identity may end with its vote's value (SPEC §14): an
+/// Format 11's identity may end with its vote's value (contract §14): an
 /// abstention and a value read back as written, and format 9's and 10's
 /// layout (none) reads as none.
 #[test]
@@ -904,7 +904,7 @@ fn learned_setup() -> (
     (cfg, opts, tempfile::tempdir().unwrap(), t0, epoch)
 }
 
-/// A store of format 8 holds SPEC §14's open values as `e` records, one
+/// A store of format 8 holds contract §14's open values as `e` records, one
 /// per reviewer: they are read while their series' record is older than
 /// format 10, then ride in it (new values are in their identities, format
 /// 11), indexed locally (`j`, one entry per series and epoch, an epoch's

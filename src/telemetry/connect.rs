@@ -1,4 +1,4 @@
-//! The metrics of `jurystream connect` (SPEC §12), on its own listener:
+//! The metrics of `jurystream connect` (contract §12), on its own listener:
 //! a registry of their own (the service's families are not exported by
 //! `connect`). The names are those of [`super`]; every label value comes
 //! from a fixed set, never from the data.

@@ -49,7 +49,7 @@ pub(super) struct SourceLabel {
     pub(super) source: &'static str,
 }
 
-/// The `source` values of [`VOTES_ACCEPTED`] (SPEC §8, §12 v4): `kafka`
+/// The `source` values of [`VOTES_ACCEPTED`] (contract §8, §12 v4): `kafka`
 /// (no `jurystream-source` header), `api`, `webhook`, `sync`, `other` (a
 /// header `connect` never sets); see [`crate::kafka::vote_source`].
 pub const VOTE_SOURCES: [&str; 5] = ["kafka", "api", "webhook", "sync", "other"];
@@ -72,7 +72,7 @@ pub(super) struct VersionLabel {
 }
 
 /// Keeps at most `max` distinct values of one label; the rest become
-/// [`OTHER`] (SPEC §8, `metrics.max_label_values`).
+/// [`OTHER`] (contract §8, `metrics.max_label_values`).
 #[derive(Debug)]
 pub(super) struct LabelCap {
     pub(super) max: usize,
@@ -117,7 +117,7 @@ pub(super) struct Series {
     pub(super) labels: ModelRubric,
     pub(super) updates: Counter,
     pub(super) flags: Option<Counter>,
-    /// SPEC §14's learned weights of the rubric, from its first learned
+    /// contract §14's learned weights of the rubric, from its first learned
     /// update (one histogram per rubric, shared by its models' entries).
     pub(super) weight: Option<Histogram>,
     pub(super) freshness: Histogram,

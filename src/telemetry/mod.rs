@@ -1,4 +1,4 @@
-//! Metrics (SPEC §8): the one place that names every metric and the
+//! Metrics (contract §8): the one place that names every metric and the
 //! label-cardinality cap. It only measures: the metrics live in a
 //! `prometheus-client` registry, [`Metrics::render`] writes them in the
 //! Prometheus text format 0.0.4 ([`CONTENT_TYPE`]), and the HTTP server
@@ -133,7 +133,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The leaderboard gauges (SPEC §8, §13).
+/// The leaderboard gauges (contract §8, §13).
 struct Board {
     scores: Family<ModelRubric, FloatGauge>,
     squares: Family<ModelRubric, FloatGauge>,
@@ -157,7 +157,7 @@ struct Partitions {
 /// the cached children of its label pair).
 pub struct Metrics {
     registry: Registry,
-    /// SPEC §14 (`shadow` and `learned` only).
+    /// contract §14 (`shadow` and `learned` only).
     reputation: Option<ReputationMetrics>,
     ready: AtomicBool,
     /// [`VOTES_ACCEPTED`] by source, in [`VOTE_SOURCES`] order (counted per
@@ -189,7 +189,7 @@ pub struct Metrics {
     outbox_republished: Counter,
     delivery_mode: Family<ModeLabel, Gauge>,
     board: Mutex<Board>,
-    /// n, S1, S2, W of SPEC §11.
+    /// n, S1, S2, W of contract §11.
     agreement: [Family<Rubric, FloatCounter>; 4],
     /// New agreement series: exported at 0 by the next render, given these
     /// sums after it (see [`Metrics::agreement`]). Held while rendering.
@@ -328,7 +328,7 @@ impl Metrics {
         b.exported = now;
     }
 
-    /// Adds to a rubric's agreement counters (n, S1, S2, W of SPEC §11;
+    /// Adds to a rubric's agreement counters (n, S1, S2, W of contract §11;
     /// each ≥ 0). A new series is first exported at 0 and gets its value
     /// from the next render on: `increase()` takes a series' first sample
     /// as its start, so a counter born with its first increment would lose
@@ -418,7 +418,7 @@ impl Metrics {
         self.batch_variance.observe(u.variance);
     }
 
-    /// SPEC §14: the end of the newest epoch `partition` has sealed.
+    /// contract §14: the end of the newest epoch `partition` has sealed.
     pub fn reputation_sealed(&self, partition: &str, at_seconds: f64) {
         if let Some(r) = &self.reputation {
             r.sealed
@@ -429,14 +429,14 @@ impl Metrics {
         }
     }
 
-    /// SPEC §14: the end of the newest epoch the whole group has sealed.
+    /// contract §14: the end of the newest epoch the whole group has sealed.
     pub fn reputation_table(&self, at_seconds: Option<f64>) {
         if let (Some(r), Some(at)) = (&self.reputation, at_seconds) {
             r.table.set(at);
         }
     }
 
-    /// SPEC §14: open values and waiting batches over this instance's
+    /// contract §14: open values and waiting batches over this instance's
     /// partitions.
     pub fn reputation_gauges(&self, open_values: usize, pending: usize) {
         if let Some(r) = &self.reputation {

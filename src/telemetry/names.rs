@@ -1,4 +1,4 @@
-//! Every metric and label name (SPEC §8), in one place: dashboards, alert
+//! Every metric and label name (contract §8), in one place: dashboards, alert
 //! rules and the tests outside the project use them.
 
 pub const VOTES_ACCEPTED: &str = "jurystream_votes_accepted_total";
@@ -46,21 +46,21 @@ pub const OUTBOX_RECOVERED_CYCLES: &str = "jurystream_outbox_recovered_cycles_to
 pub const OUTBOX_REPUBLISHED: &str = "jurystream_outbox_republished_events_total";
 /// The delivery mode of `run` (`mode` label, value 1).
 pub const DELIVERY_MODE: &str = "jurystream_delivery_mode";
-/// SPEC §8 (v3 name; v2's `jurystream_model_score_sum` broke Prometheus'
+/// contract §8 (v3 name; v2's `jurystream_model_score_sum` broke Prometheus'
 /// rule that a `_sum` suffix belongs to a histogram or summary).
 pub const MODEL_SCORES: &str = "jurystream_model_scores";
-/// SPEC §13: with the two beside it, PromQL gives the leaderboard's
+/// contract §13: with the two beside it, PromQL gives the leaderboard's
 /// `score_sd` over every instance.
 pub const MODEL_SCORE_SQUARES: &str = "jurystream_model_score_squares";
 pub const MODEL_SERIES: &str = "jurystream_model_series";
-/// Reviewer agreement sums (SPEC §11), per rubric; α over any range is
+/// Reviewer agreement sums (contract §11), per rubric; α over any range is
 /// 1 − (n − 1)·W / (n·S2 − S1²) of their `increase()`s.
 pub const AGREEMENT_PAIRABLE: &str = "jurystream_agreement_pairable_votes_total";
 pub const AGREEMENT_SUM: &str = "jurystream_agreement_vote_sum_total";
 pub const AGREEMENT_SQUARE_SUM: &str = "jurystream_agreement_vote_square_sum_total";
 pub const AGREEMENT_WITHIN: &str = "jurystream_agreement_within_unit_total";
 
-/// `jurystream connect` (SPEC §12; its own `/metrics`). Votes in, by
+/// `jurystream connect` (contract §12; its own `/metrics`). Votes in, by
 /// `source` (`api`: `POST /v1/votes`; `webhook`: Label Studio's webhooks;
 /// `sync`: the periodic read of Label Studio's API) and `result`
 /// (`produced`: acknowledged by the broker, including mapped votes `run`
@@ -87,7 +87,7 @@ pub const SOURCE: &str = "source";
 pub const RESULT: &str = "result";
 pub const ACTION: &str = "action";
 
-/// SPEC §14 (modes `shadow` and `learned` only): (e + 1)·E of the newest
+/// contract §14 (modes `shadow` and `learned` only): (e + 1)·E of the newest
 /// epoch each of this instance's partitions has sealed (Unix seconds).
 pub const REPUTATION_SEALED: &str = "jurystream_reputation_sealed_timestamp_seconds";
 /// (k* + 1)·E, k* the newest epoch every input partition has sealed: the
@@ -100,7 +100,7 @@ pub const REPUTATION_PENDING: &str = "jurystream_reputation_pending_batches";
 /// ω of each counted vote scored (`learned`), per rubric.
 pub const REPUTATION_WEIGHT: &str = "jurystream_reputation_weight";
 
-/// The label names (SPEC §8). No label ever carries an inference or voter id.
+/// The label names (contract §8). No label ever carries an inference or voter id.
 pub const MODEL_ID: &str = "model_id";
 pub const VOTER_PROMPT_ID: &str = "voter_prompt_id";
 pub const REASON: &str = "reason";

@@ -8,7 +8,7 @@ impl Metrics {
         Self::with_reputation(max_label_values, false)
     }
 
-    /// [`Metrics::new`], with SPEC §14's metrics when `reputation` (modes
+    /// [`Metrics::new`], with contract §14's metrics when `reputation` (modes
     /// `shadow` and `learned`).
     pub fn with_reputation(max_label_values: usize, reputation: bool) -> std::sync::Arc<Metrics> {
         let mut registry = Registry::default();

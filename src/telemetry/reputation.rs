@@ -1,4 +1,4 @@
-//! SPEC §14's metrics (named in `mod.rs` with the others), registered on
+//! contract §14's metrics (named in `mod.rs` with the others), registered on
 //! `run`'s registry in modes `shadow` and `learned` only (no label carries
 //! a voter id).
 
@@ -34,7 +34,7 @@ impl ReputationMetrics {
         register(
             r,
             SEALED,
-            "End of the newest epoch each partition of this instance has sealed (Unix seconds; SPEC 14).",
+            "End of the newest epoch each partition of this instance has sealed (Unix seconds; contract §14).",
             m.sealed.clone(),
             false,
         );

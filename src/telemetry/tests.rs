@@ -114,7 +114,7 @@ fn sample(line: &str) -> (String, BTreeMap<String, String>, f64) {
     (name.to_owned(), labels, value)
 }
 
-/// Every SPEC §8 metric: name, type, labels (besides `le`).
+/// Every contract §8 metric: name, type, labels (besides `le`).
 const SPEC: &[(&str, &str, &[&str])] = &[
     (VOTES_ACCEPTED, "counter", &["source"]),
     (VOTES_DUPLICATE, "counter", &[]),
@@ -136,7 +136,7 @@ const SPEC: &[(&str, &str, &[&str])] = &[
     (COMMIT_DURATION, "histogram", &[]),
     (RESTORE_DURATION, "histogram", &[]),
     (BUILD_INFO, "gauge", &[VERSION]),
-    // Not in SPEC §8: what the broker tests read instead of logs.
+    // Not in contract §8: what the broker tests read instead of logs.
     (RESTORED_RECORDS, "counter", &[]),
     (REBALANCES, "counter", &["event"]),
     (REVOKE_DURATION, "histogram", &[]),
@@ -145,7 +145,7 @@ const SPEC: &[(&str, &str, &[&str])] = &[
     (DELIVERY_MODE, "gauge", &["mode"]),
 ];
 
-/// The rendered text holds every SPEC §8 metric with its type, labels, help
+/// The rendered text holds every contract §8 metric with its type, labels, help
 /// and buckets, each declared once; every sample line parses.
 #[test]
 fn exposition_has_every_spec_metric() {

@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests that drive the `jurystream`
 //! binary: running `replay`, reading its JSON lines, and comparing event
-//! streams the way the contract allows (SPEC §5: only `processed_at` may
+//! streams the way the contract allows (contract §5: only `processed_at` may
 //! differ between runs; numbers within 1e-9).
 
 #![allow(dead_code)]
@@ -348,7 +348,7 @@ pub fn write_lines(path: &Path, lines: &[&[u8]]) {
     std::fs::write(path, lines.concat()).expect("cannot write test input");
 }
 
-/// Checks the split-replay property of SPEC §6: the input cut after line
+/// Checks the split-replay property of contract §6: the input cut after line
 /// `k` (the first part replayed with `--state-dir D --keep-open`, the
 /// second with `--state-dir D`) prints the events of `whole`.
 pub fn check_split(

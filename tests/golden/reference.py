@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An independent reference of the replay contract (SPEC.md §1–§5), used to
+"""An independent reference of the replay contract (docs/contract.md §1–§5), used to
 check the golden cases' expected outputs by a second implementation.
 
     python3 tests/golden/reference.py tests/golden/CASE [...]   # check cases
@@ -115,7 +115,7 @@ def month_days(y, m):
 
 
 def parse_time(text):
-    """SPEC §1 time -> integer ns since the epoch, or None."""
+    """contract §1 time -> integer ns since the epoch, or None."""
     if not isinstance(text, str):
         return None
     m = _TIME.fullmatch(text)
@@ -334,7 +334,7 @@ Z95 = 1.959963984540054
 
 
 def certainty(hist, s0):
-    """SPEC §13 from each vote's weight in the score, not by recursion:
+    """contract §13 from each vote's weight in the score, not by recursion:
     update k's vote i weighs (1 - a_k) * prod(a_j, j > k) * r_i / sum(r);
     V = sum of the weights, effective votes = V^2 / sum of their squares,
     the votes' part of the score p = sum_k (1 - a_k) prod(a_j) agg_k / V,

@@ -1083,7 +1083,7 @@ pub fn assert_same_events(setup: &Setup, expected: &[serde_json::Value]) {
     }
 }
 
-/// `jurystream agreement --format json` of `input` (SPEC §11).
+/// `jurystream agreement --format json` of `input` (contract §11).
 pub fn agreement_of(config: &Path, input: &Path) -> Value {
     let out = run_ok(
         "agreement",
@@ -1279,7 +1279,7 @@ pub fn partition_files(setup: &Setup) -> Vec<PathBuf> {
         .collect()
 }
 
-/// `replay --partition-files` (SPEC §14): the oracle of a run in `learned` mode.
+/// `replay --partition-files` (contract §14): the oracle of a run in `learned` mode.
 pub fn partition_oracle(config: &Path, files: &[PathBuf]) -> Vec<Value> {
     let out = Command::new(BIN)
         .args(["replay", "--config"])
@@ -1366,7 +1366,7 @@ pub fn scored_vote_ids(records: &[Record], scores: &str) -> Vec<String> {
         .collect()
 }
 
-/// SPEC §14: every input partition published a seal record, and (when
+/// contract §14: every input partition published a seal record, and (when
 /// `strict`) every delta record under one key has the same value (a
 /// redone cycle writes identical records), so the topic holds one final
 /// record per key.

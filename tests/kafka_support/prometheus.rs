@@ -169,7 +169,7 @@ pub fn prometheus_installed() -> bool {
 }
 
 impl Prometheus {
-    /// Krippendorff's α per rubric (SPEC §11) from the four agreement
+    /// Krippendorff's α per rubric (contract §11) from the four agreement
     /// counters summed over every target: their values since the
     /// instances started.
     pub fn agreement_alpha(&self) -> BTreeMap<String, f64> {
@@ -240,7 +240,7 @@ impl Prometheus {
 
 impl Prometheus {
     /// The leaderboard's `score_sd` per (model_id, voter_prompt_id) from
-    /// the three leaderboard gauges summed over every target (SPEC §13),
+    /// the three leaderboard gauges summed over every target (contract §13),
     /// for rows of at least two series. A missing model_id is `unknown`.
     pub fn score_sd(&self) -> BTreeMap<(String, String), f64> {
         let sum = |name: &str| format!("sum by (model_id, voter_prompt_id) ({name})");

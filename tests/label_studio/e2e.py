@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Label Studio side of tests/label_studio.rs (SPEC §12), standard
+"""The Label Studio side of tests/label_studio.rs (contract §12), standard
 library only. Each step prints one JSON object; the Rust test runs the
 broker, `run` and `connect`, and checks Kafka.
 

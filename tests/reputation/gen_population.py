@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Vote logs with planted reviewers, for the reputation quality tests
-(SPEC §14; tests/reputation_quality.rs).
+(contract §14; tests/reputation_quality.rs).
 
     tests/reputation/gen_population.py --shape compact --seed 1 --out DIR
 
 writes DIR/votes.jsonl (one vote per line, in arrival order) and
 DIR/truth.json ({"series": {"<inference_id>\\t<rubric>": truth}, where a
-truth is the planted value on the [0, 1] scale the votes use (SPEC §1:
+truth is the planted value on the [0, 1] scale the votes use (contract §1:
 Pass 1, Flag 0, fully 1, mostly 0.9, partial 0.7, minor 0.3, none 0).
 
 Reviewers (the role is the voter id's prefix):

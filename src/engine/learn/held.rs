@@ -1,4 +1,4 @@
-//! Where the store holds each open value (SPEC §14, format 11): the
+//! Where the store holds each open value (contract §14, format 11): the
 //! slot the engine keeps, the values a series' record carries, and how a
 //! restore folds what the store holds back into slots.
 

@@ -1,4 +1,4 @@
-//! SPEC §14 through the engine: properties over generated logs.
+//! contract §14 through the engine: properties over generated logs.
 
 use proptest::prelude::*;
 
@@ -246,7 +246,7 @@ fn split(votes: &[Vote], parts: usize) -> Vec<Vec<Vote>> {
     out
 }
 
-/// What `replay --partition-files` gives (SPEC §14 "Determinism"): each
+/// What `replay --partition-files` gives (contract §14 "Determinism"): each
 /// partition replayed alone, with tables over every partition's sealed
 /// deltas and nothing waiting.
 fn oracle(parts: &[Vec<Vote>]) -> Vec<Vec<ScoreUpdate>> {

@@ -30,7 +30,7 @@
 //! leaderboard and the series' `ambiguous`/`pending`, 5 agreement sums
 //! and reviewers, `last_mean_vote` and companion scores, 6 the evidence and
 //! the leaderboard's squares (all untagged, [`super::legacy`]); 7 the
-//! format byte on every value, same layouts as 6; 8 SPEC §14's open values
+//! format byte on every value, same layouts as 6; 8 contract §14's open values
 //! (`e`), sealed deltas (`u`) and batches waiting at the barrier (`x`), the
 //! layouts of 7 unchanged (a format-7 value is read as it is); 9 an
 //! identity's value may carry its vote's series and voter (the store
@@ -42,7 +42,7 @@
 //! derives a local index of them (`j`, never sent) instead of `h` records
 //! (format 9's still read while their series' value is older than 10, and
 //! deleted at their epoch's seal); 11 an identity's value may end with its
-//! vote's value (SPEC §14's open value, read back from the identities of
+//! vote's value (contract §14's open value, read back from the identities of
 //! open epochs at a restore), and a series' value starts with the open
 //! values it still carries (those the identities cannot say, and format
 //! 10's until their seal; usually none: one byte), its state after them.
@@ -245,7 +245,7 @@ impl From<SeriesIn> for SeriesState {
     }
 }
 
-/// A series' value (format 11): the open values it carries (SPEC §14;
+/// A series' value (format 11): the open values it carries (contract §14;
 /// see [`crate::engine::OpenValues`]), each (epoch, reviewer, vote time,
 /// value), then its state.
 pub fn encode_series<'a>(
@@ -322,7 +322,7 @@ fn entries_out(b: &Batch) -> impl Serialize + '_ {
     })
 }
 
-/// A batch waiting at the barrier (SPEC §14): its key's fields, its
+/// A batch waiting at the barrier (contract §14): its key's fields, its
 /// entries and counted votes, its series' model id when it closed.
 pub fn encode_pending(p: &Pending) -> Vec<u8> {
     let k = &p.key;
@@ -389,7 +389,7 @@ pub fn decode_meta(v: &[u8]) -> Result<Meta, FormatError> {
 
 /// A vote identity's value: its vote time (16 bytes, little-endian), then
 /// (format 9, when the vote's series keeps its voters) the vote's
-/// inference, rubric and voter, then (format 11, when SPEC §14 collects)
+/// inference, rubric and voter, then (format 11, when contract §14 collects)
 /// its value (postcard `Option<f64>`).
 pub fn encode_identity(at: Nanos, voted: Option<Voted<'_>>) -> Vec<u8> {
     let mut out = Vec::with_capacity(
@@ -434,7 +434,7 @@ pub fn decode_identity_voter(v: &[u8]) -> Result<Option<(SeriesKey, Id)>, Format
 }
 
 /// The series, voter and value an identity's value carries: the series
-/// and voter from format 9 on, the value (SPEC §14's open value, `Some`)
+/// and voter from format 9 on, the value (contract §14's open value, `Some`)
 /// from format 11 on when the mode collected it.
 #[allow(clippy::type_complexity)]
 pub fn decode_identity_vote(

@@ -1,4 +1,4 @@
-//! SPEC §14's records (formats 8 to 11): a series' open values as its
+//! contract §14's records (formats 8 to 11): a series' open values as its
 //! value holds them (formats 10 and 11), the `e` and `h` records of formats 8 and
 //! 9 (still read), sealed deltas, and the keys of all three.
 
@@ -116,7 +116,7 @@ pub fn decode_series_open(v: &[u8]) -> Result<Option<SeriesOpen>, FormatError> {
     ))
 }
 
-/// An open value (SPEC §14): vote time, value (None: an abstention).
+/// An open value (contract §14): vote time, value (None: an abstention).
 type OpenValueL = (Nanos, Option<f64>);
 
 pub fn encode_open_value(v: &OpenValue) -> Vec<u8> {
@@ -128,7 +128,7 @@ pub fn decode_open_value(v: &[u8]) -> Result<OpenValue, FormatError> {
     Ok(OpenValue { timestamp, value })
 }
 
-/// A series' open values of an epoch (SPEC §14, format 9): each
+/// A series' open values of an epoch (contract §14, format 9): each
 /// reviewer's vote time and value.
 type OpenUnitL = Vec<(Id, Nanos, Option<f64>)>;
 
@@ -147,7 +147,7 @@ pub fn decode_open_unit(v: &[u8]) -> Result<Option<Vec<(Id, OpenValue)>>, Format
     ))
 }
 
-/// A sealed delta (SPEC §14): n, q, h.
+/// A sealed delta (contract §14): n, q, h.
 type TermsL = (u64, u128, u128);
 
 pub fn encode_terms(t: &Terms) -> Vec<u8> {

@@ -1,7 +1,7 @@
 //! The service's records, stored like every other value and laid out here:
 //! a partition's cycle marker (`c`) and outbox chunks (`o…`), in RocksDB,
 //! the changelog and the outbox file (`crate::service::changelog`), and
-//! the records of SPEC §14's reputation topic
+//! the records of contract §14's reputation topic
 //! (`crate::service::reputation`). The service converts its own types to
 //! and from these through the functions below, never through a generic
 //! encoder, so a field it adds is not stored until the format says how.
@@ -11,7 +11,7 @@
 //!
 //! The marker's and the outbox's layouts have not changed since format 7
 //! (untagged before, and such a value is read as every untagged one is:
-//! `super::super::legacy`); the reputation topic's came with SPEC §14,
+//! `super::super::legacy`); the reputation topic's came with contract §14,
 //! their values tagged from the start.
 
 use serde::{Deserialize, Serialize};
