@@ -123,13 +123,21 @@ brokers = "127.0.0.1:$BROKER_PORT"
 group_id = "ls-demo"
 input_topics = ["votes"]
 topic_partitions = 1
-# the test broker has no Kafka transactions; use exactly_once on Kafka/Redpanda
-delivery = "exactly_once_outbox"
+# the default delivery, exactly_once: the test broker (the prebuilt tansu)
+# commits Kafka transactions, as Kafka and Redpanda do
 [kafka.properties]
 "session.timeout.ms" = "6000"
 "max.poll.interval.ms" = "6000"
 [state]
 dir = "$WORK/state"
+# Learned reviewer weights with epochs of one window, so that the tasks
+# reviewed later are scored with tables of the earlier ones (a batch of
+# epoch k uses the epochs up to k - 2); one prior vote so that a few
+# reviews move a weight visibly.
+[reputation]
+mode = "learned"
+epoch_seconds = $WINDOW
+prior_votes = 1
 [connect]
 listen = "$CONNECT"
 token = "$CONNECT_TOKEN"

@@ -266,16 +266,42 @@ class Demo:
         for (iid, rubric), e in sorted(latest.items()):
             b = e["batch"]
             iv = e.get("score_interval")
+            learned = b.get("learned_weights")
             rows.append([iid, model.get(iid, e.get("model_id") or "-"), rubric, e["update_seq"],
                          fmt(e["score"]), f"{fmt(iv[0])}-{fmt(iv[1])}" if iv else "-",
                          fmt(e.get("effective_votes"), 2), b["votes"], b["abstentions"], b["superseded"],
+                         " ".join(fmt(w, 2) for w in learned) if learned is not None else "-",
+                         fmt(b.get("step"), 3) if "step" in b else "-",
                          "YES" if e["ambiguous"] else "no"])
         say()
         say("Scores (score_updated on the scores topic; the latest update of each series)")
         say(table(["inference", "model", "rubric", "updates", "score", "95% interval", "eff. votes",
-                   "votes", "abstained", "re-votes", "ambiguous"], rows, right={3, 4, 6, 7, 8, 9}))
+                   "votes", "abstained", "re-votes", "learned weights", "step", "ambiguous"], rows,
+                  right={3, 4, 6, 7, 8, 9, 11}))
         say("  votes: counted votes of the batch; abstained: skips; re-votes: earlier versions "
-            "replaced by an edit.")
+            "replaced by an edit; learned weights: each counted vote's learned weight (reputation "
+            "mode learned: how far the reviewer's earlier votes fell from the others'), step: the "
+            "batch's damped step (docs/operations.md, \"Event fields in learned mode\").")
+        if not any("learned_weights" in e["batch"] for e in self.events.scores):
+            say("  no score_updated carries learned_weights: is reputation.mode learned?")
+            self.failed = True
+
+        rows = []
+        for name in REVIEWERS:
+            vid = f"ls:{self.people[name]['id']}"
+            status, body = http_json(f"{self.a.api}/v1/voters/{urllib.parse.quote(vid, safe='')}")
+            for v in (body or {}).get("voters", []) if status == 200 else []:
+                rows.append([name, vid, v["voter_prompt_id"], v.get("rated_votes", "-"),
+                             fmt(v.get("weight"), 3), v.get("table_until") or "-"])
+        say()
+        say("Learned reviewer weights (GET /v1/voters/{id}: the group's newest table)")
+        if rows:
+            say(table(["reviewer", "voter_id", "rubric", "rated votes", "weight", "table until"], rows,
+                      right={3, 4}))
+        else:
+            say("  none yet (no reviewer has a rated vote)")
+        say("  weight 1: as the rubric's typical reviewer; below 1: their votes fell further from the "
+            "others' than most; a batch of epoch k uses the table of the epochs up to k - 2.")
 
         status, board = http_json(f"{self.a.api}/v1/leaderboard")
         if status == 200 and board.get("rows"):

@@ -3,17 +3,25 @@
 # builds jurystream, starts the test broker (tansu) on loopback, runs
 # `jurystream run`, publishes examples/votes.jsonl, prints the score and flag
 # events as they arrive and a few lines of /metrics, then stops everything.
+# Fails when no score_updated event arrives.
 #   scripts/quickstart.sh
+# Environment: JURYSTREAM_BIN, the jurystream binary (default: the release
+# build the README's command makes, built here when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 PORT="${QUICKSTART_PORT:-19093}"
 METRICS="127.0.0.1:${QUICKSTART_METRICS_PORT:-19464}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/jurystream-quickstart.XXXXXX")"
-BIN="${CARGO_TARGET_DIR:-target}/debug/jurystream"
 
-scripts/install-deps.sh
-cargo build --locked --bins
+if [ -n "${JURYSTREAM_BIN:-}" ]; then
+    BIN="$JURYSTREAM_BIN"
+else
+    scripts/install-deps.sh --build
+    cargo build --release --locked --bins
+    BIN="${CARGO_TARGET_DIR:-target}/release/jurystream"
+fi
+command -v curl >/dev/null || { echo "quickstart: needs curl" >&2; exit 1; }
 scripts/broker.sh install
 scripts/broker.sh start "$PORT"
 PID=""
@@ -34,8 +42,8 @@ brokers = "127.0.0.1:$PORT"
 group_id = "quickstart"
 input_topics = ["votes"]
 topic_partitions = 2
-# the test broker has no Kafka transactions; use exactly_once on Kafka/Redpanda
-delivery = "exactly_once_outbox"
+# the default delivery, exactly_once: the test broker (the prebuilt tansu)
+# commits Kafka transactions, as Kafka and Redpanda do
 [kafka.properties]
 "session.timeout.ms" = "6000"
 "max.poll.interval.ms" = "6000"
@@ -52,7 +60,15 @@ for _ in $(seq 1 150); do
 done
 "$BIN" produce --input examples/votes.jsonl --topic votes --brokers "127.0.0.1:$PORT"
 echo "--- score_updated and ambiguity_flagged events (jury.scores, jury.flags):"
-"$BIN" consume --brokers "127.0.0.1:$PORT" --topic jury.scores --topic jury.flags --idle-exit 12
+"$BIN" consume --brokers "127.0.0.1:$PORT" --topic jury.scores --topic jury.flags --idle-exit 12 \
+    | tee "$WORK/events.jsonl"
+SCORES=$(grep -c '"type":"score_updated"' "$WORK/events.jsonl" || true)
+echo "--- $SCORES score_updated events"
+if [ "$SCORES" -eq 0 ]; then
+    echo "quickstart: no score_updated event; the service's log:" >&2
+    tail -30 "$WORK/run.log" >&2
+    exit 1
+fi
 echo "--- a few lines of http://$METRICS/metrics:"
 curl -fs "http://$METRICS/metrics" | grep -E '^jurystream_(votes_accepted_total|votes_rejected_total|score_updates_total|ambiguity_flags_total)' | head -12 || true
 echo "--- stopping"

@@ -46,6 +46,11 @@ if [ "$SIZE" -ge 100000000 ]; then
         "profile.release.package section (debug = false) go?" >&2
     exit 1
 fi
+# The first hour, with that same binary: the quickstart (the main job on
+# the example, on the test broker) and the Label Studio demo (webhooks,
+# scores with learned reviewer weights, a disputed task sent back).
+JURYSTREAM_BIN="$RELEASE" scripts/quickstart.sh
+JURYSTREAM_BIN="$RELEASE" scripts/label-studio-demo.sh
 
 # The project's own conformance cases (tests/conformance) ran in cargo test
 # above. The shared kit may hold newer cases: run it when it is there.
