@@ -107,7 +107,7 @@ pub enum Command {
     /// (vote − mean of the unit's other votes)². Bad lines are skipped. A
     /// running service answers the same on GET /v1/rubrics and
     /// /v1/voters/{id}. Exit status 2 names a bad flag.
-    Agreement(AgreementArgs),
+    Agreement(ReportArgs),
     /// Whom to trust: each reviewer's learned weight per rubric (contract §14),
     /// for a vote log.
     ///
@@ -122,7 +122,7 @@ pub enum Command {
     /// the rubric's typical reviewer, below 1 = noisier). A running service
     /// shows the group's weights on GET /v1/voters/{id}. Exit status 2
     /// names a bad flag or key.
-    Reputation(ReputationArgs),
+    Reputation(ReportArgs),
     /// Ask a running service's query API and print the answer as pretty JSON.
     ///
     /// Any instance of the group answers for every partition (it asks the
@@ -271,22 +271,10 @@ pub struct BacktestArgs {
 }
 
 #[derive(Args)]
-pub struct AgreementArgs {
-    /// Configuration file (TOML), as for replay.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Votes, one JSON object per line.
-    #[arg(long, value_name = "VOTES.jsonl")]
-    pub input: PathBuf,
-    /// Output: tables for a terminal (table) or one JSON object (json).
-    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Format::Table)]
-    pub format: Format,
-}
-
-#[derive(Args)]
-pub struct ReputationArgs {
-    /// Configuration file (TOML), as for replay; its [reputation] section
-    /// sets the epochs, prior_votes, noise_floor and the weights' bounds.
+pub struct ReportArgs {
+    /// Configuration file (TOML), as for replay; for `reputation`, its
+    /// [reputation] section sets the epochs, prior_votes, noise_floor and
+    /// the weights' bounds.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Votes, one JSON object per line.

@@ -236,43 +236,54 @@ fn backtest(a: BacktestArgs) -> Outcome {
     backtest::run_and_print(&cfg, &opts, a.format == Format::Json).map_err(failure)
 }
 
-fn agreement(a: AgreementArgs) -> Outcome {
+fn agreement(a: ReportArgs) -> Outcome {
     let cfg = load_config(a.config.as_deref())?;
     let (tally, summary) = jurystream::agreement::tally_file(&cfg, &a.input).map_err(failure)?;
-    match a.format {
-        Format::Json => println!(
-            "{}",
-            serde_json::to_string(&tally.report()).unwrap_or_default()
-        ),
-        Format::Table => print!("{}", jurystream::agreement::table(&tally)),
-    }
-    eprintln!(
-        "jurystream: agreement: {} lines, {} rejected, {} rubrics, {} reviewer rows",
-        summary.lines,
-        summary.rejected,
-        tally.rubrics.len(),
-        tally.reviewers.len()
+    print_report(
+        "agreement",
+        a.format,
+        &tally.report(),
+        || jurystream::agreement::table(&tally),
+        &summary,
+        (tally.rubrics.len(), tally.reviewers.len()),
     );
     Ok(())
 }
 
-fn reputation(a: ReputationArgs) -> Outcome {
+fn reputation(a: ReportArgs) -> Outcome {
     let cfg = load_config(a.config.as_deref())?;
     cfg.check_epochs()
         .map_err(|e: ConfigError| Failure::Usage(e.to_string()))?;
     let (out, summary) = jurystream::reputation::report_file(&cfg, &a.input).map_err(failure)?;
-    match a.format {
-        Format::Json => println!("{}", serde_json::to_string(&out).unwrap_or_default()),
-        Format::Table => print!("{}", jurystream::reputation::table(&out)),
-    }
-    eprintln!(
-        "jurystream: reputation: {} lines, {} rejected, {} rubrics, {} reviewer rows",
-        summary.lines,
-        summary.rejected,
-        out.rubrics.len(),
-        out.voters.len()
+    print_report(
+        "reputation",
+        a.format,
+        &out,
+        || jurystream::reputation::table(&out),
+        &summary,
+        (out.rubrics.len(), out.voters.len()),
     );
     Ok(())
+}
+
+/// A report command's answer on stdout (one JSON object, or tables), and
+/// what it read on stderr.
+fn print_report<T: serde::Serialize>(
+    command: &str,
+    format: Format,
+    json: &T,
+    table: impl FnOnce() -> String,
+    summary: &jurystream::replay::ReplaySummary,
+    (rubrics, reviewers): (usize, usize),
+) {
+    match format {
+        Format::Json => println!("{}", serde_json::to_string(json).unwrap_or_default()),
+        Format::Table => print!("{}", table()),
+    }
+    eprintln!(
+        "jurystream: {command}: {} lines, {} rejected, {rubrics} rubrics, {reviewers} reviewer rows",
+        summary.lines, summary.rejected,
+    );
 }
 
 fn inspect(a: InspectArgs) -> Outcome {

@@ -1473,7 +1473,8 @@ mod tests {
         );
         assert_eq!(
             out.report.last().map(String::as_str),
-            Some("1 events, 0 mismatches")
+            Some("2 events, 0 mismatches"),
+            "N is the expected stream's events, as compare.py counts"
         );
     }
 
