@@ -24,8 +24,10 @@
 #   PROMETHEUS, CHROMIUM       the binaries (default: prometheus, chromium on PATH;
 #                              scripts/install-deps.sh installs both)
 #   SNAPSHOT_SLICES            slices the vote file is published in (default 20)
-#   SNAPSHOT_PACE              seconds between slices (default 2; below
-#                              idle_flush_seconds, 5, or later slices are late)
+#   SNAPSHOT_PACE              seconds between slices (default 2). The example's
+#                              votes are from 2024: a partition that gets no vote
+#                              for idle_flush_seconds (20) moves its watermark to
+#                              now, and every later vote of the file is late.
 #   JURYSTREAM_SNAPSHOT_KEEP=1 keep the work directory (configs, logs, page.html,
 #                              summary.json: every query and its series count)
 set -euo pipefail
@@ -38,7 +40,7 @@ die() { echo "dashboard-snapshot: $*" >&2; exit 1; }
 OUT="${1:-docs/img/dashboard.png}"
 SLICES="${SNAPSHOT_SLICES:-20}"
 PACE="${SNAPSHOT_PACE:-2}"
-IDLE_FLUSH=5
+IDLE_FLUSH=20
 PROMETHEUS="${PROMETHEUS:-prometheus}"
 CHROMIUM="${CHROMIUM:-chromium}"
 
@@ -118,8 +120,10 @@ BROKER_STARTED=1
 scripts/broker.sh start "$BROKER_PORT" | sed 's/^/    /'
 
 cat > "$WORK/jurystream.toml" <<TOML
-# One-minute windows (the default); an idle partition closes its windows
-# after $IDLE_FLUSH s, so the last batches are scored soon after the last vote.
+# One-minute windows (the default). An idle partition closes its windows
+# after $IDLE_FLUSH s (the last batches are scored then), longer than any
+# pause between the slices: the example's votes are from 2024, and a flush
+# moves the watermark to now.
 [batching]
 idle_flush_seconds = $IDLE_FLUSH
 [metrics]
@@ -147,16 +151,6 @@ listen = "$CONNECT"
 token = "$CONNECT_TOKEN"
 TOML
 
-step "starting jurystream run (metrics and query API on $METRICS)"
-"$BIN" run --config "$WORK/jurystream.toml" > "$WORK/run.log" 2>&1 &
-RUN_PID=$!
-wait_http "http://$METRICS/readyz" 60 "$RUN_PID" "jurystream run" "$WORK/run.log"
-
-step "starting jurystream connect on $CONNECT"
-"$BIN" connect --config "$WORK/jurystream.toml" > "$WORK/connect.log" 2>&1 &
-CONNECT_PID=$!
-wait_http "http://$CONNECT/readyz" 60 "$CONNECT_PID" "jurystream connect" "$WORK/connect.log"
-
 step "starting Prometheus on $PROM (scrapes run and connect every second)"
 # The job names of deploy/prometheus/prometheus.yml: the dashboard selects on them.
 cat > "$WORK/prometheus.yml" <<YAML
@@ -176,7 +170,19 @@ YAML
     --web.listen-address="$PROM" --log.level=warn > "$WORK/prometheus.log" 2>&1 &
 PROM_PID=$!
 wait_http "http://$PROM/-/ready" 60 "$PROM_PID" "prometheus" "$WORK/prometheus.log"
-# until both targets have been scraped once, so the counters start at 0
+START=$(date +%s)
+step "starting jurystream run (metrics and query API on $METRICS)"
+"$BIN" run --config "$WORK/jurystream.toml" > "$WORK/run.log" 2>&1 &
+RUN_PID=$!
+wait_http "http://$METRICS/readyz" 60 "$RUN_PID" "jurystream run" "$WORK/run.log"
+
+step "starting jurystream connect on $CONNECT"
+"$BIN" connect --config "$WORK/jurystream.toml" > "$WORK/connect.log" 2>&1 &
+CONNECT_PID=$!
+wait_http "http://$CONNECT/readyz" 60 "$CONNECT_PID" "jurystream connect" "$WORK/connect.log"
+
+# until Prometheus has scraped both (run's counters start at 0 there); then
+# the votes at once: a partition idle for idle_flush_seconds makes them late
 deadline=$((SECONDS + 30))
 targets_up() {
     curl -fsS "http://$PROM/api/v1/query" --data-urlencode 'query=sum(up)' 2>/dev/null \
@@ -187,7 +193,6 @@ until [ "$(targets_up)" = 2 ]; do
     [ $SECONDS -lt $deadline ] || die "Prometheus has not scraped run and connect after 30 s; log $WORK/prometheus.log"
     sleep 0.5
 done
-START=$(date +%s)
 
 LINES=$(wc -l < examples/votes.jsonl)
 PER=$(( (LINES + SLICES - 1) / SLICES ))
@@ -209,11 +214,11 @@ done
 
 step "waiting until run has scored everything and Prometheus has the same counts"
 python3 scripts/dashboard_snapshot.py settle --metrics "http://$METRICS" --prometheus "http://$PROM" \
-    --quiet $((2 * IDLE_FLUSH + 2)) --timeout 180
+    --quiet $((IDLE_FLUSH + 6)) --timeout 180
 sleep 5
 END=$(date +%s)
 
-step "running every panel's queries (deploy/grafana/dashboards/*.json) over the last $((END - START)) s"
+step "running every panel's queries (deploy/grafana/dashboards/*.json) over the run's $((END - START)) s"
 python3 scripts/dashboard_snapshot.py render --prometheus "http://$PROM" --start "$START" --end "$END" \
     --scrape-interval 1 --out "$WORK/page.html" --summary "$WORK/summary.json" \
     deploy/grafana/dashboards/*.json | tee "$WORK/render.txt"

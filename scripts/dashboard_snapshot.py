@@ -46,7 +46,7 @@ PALETTE = [
 
 WIDTH = 1200          # page width, px
 COL = WIDTH / 24      # one grid column
-ROW = 28              # one grid row unit, px
+ROW = 24              # one grid row unit, px
 GAP = 6               # space between panels
 
 
@@ -293,7 +293,7 @@ def overrides_for(panel, name):
 
 # ---------------------------------------------------------------- drawing
 
-def time_ticks(start, end, n=5):
+def time_ticks(start, end, n=4):
     span = end - start
     for step in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600):
         if span / step <= n:
@@ -306,7 +306,7 @@ def time_ticks(start, end, n=5):
     return ticks
 
 
-def nice_ticks(lo, hi, n=4):
+def nice_ticks(lo, hi, n=3):
     if hi <= lo:
         hi = lo + 1
     raw = (hi - lo) / n
@@ -423,11 +423,9 @@ def legend_html(panel, series, colors):
         u = ov.get("unit", unit)
         pts = finite(s["points"])
         last = pts[-1][1] if pts else None
-        mx = max(v for _, v in pts) if pts else None
         rows.append(f'<div class="li"><span class="sw" style="background:{color}"></span>'
                     f'<span class="ln" title="{esc(s["name"])}">{esc(s["name"])}</span>'
-                    f'<span class="lv">{esc(fmt(last, u, decimals))}</span>'
-                    f'<span class="lv lm">max {esc(fmt(mx, u, decimals))}</span></div>')
+                    f'<span class="lv">{esc(fmt(last, u, decimals))}</span></div>')
     return rows
 
 
@@ -468,7 +466,7 @@ def heatmap_svg(panel, series, start, end, w, h):
                 a = 0.15 + 0.85 * (v / vmax)
                 parts.append(f'<rect x="{left + j * cw:.1f}" y="{y:.1f}" width="{cw + 0.3:.1f}" '
                              f'height="{max(ch - 1, 0.5):.1f}" fill="#FF9830" fill-opacity="{a:.2f}"/>')
-        every = max(1, math.ceil(n / max(ph / 11, 1)))
+        every = max(1, math.ceil(n / max(ph / 22, 1)))
         for i, s in enumerate(series):
             if i % every:
                 continue
@@ -581,43 +579,43 @@ def table_html(panel, results):
 
 CSS = """
 * { box-sizing: border-box; }
-html, body { margin: 0; background: #111217; color: #ccccdc; overflow: hidden;
+html, body { margin: 0; background: #111217; color: #d8d9e0; overflow: hidden;
   font: 12px/1.3 "DejaVu Sans", "Liberation Sans", Arial, sans-serif; }
 .head { position: absolute; left: 0; top: 0; width: %(W)dpx; height: %(H)dpx; padding: 8px 10px;
   background: #181b1f; border-bottom: 1px solid #2c3235; }
-.head h1 { margin: 0 0 3px; font-size: 16px; color: #e8e8f0; }
-.head p { margin: 0; font-size: 11.5px; color: #a8a8b8; }
+.head h1 { margin: 0 0 3px; font-size: 16px; color: #d8d9e0; }
+.head p { margin: 0; font-size: 11.5px; color: #9fa0ab; }
 .panel { position: absolute; background: #181b1f; border: 1px solid #2c3235; border-radius: 2px;
   overflow: hidden; }
 .panel .t { height: 22px; padding: 4px 8px 0; font-weight: bold; font-size: 12px; color: #d8d9e0;
   white-space: nowrap; overflow: hidden; text-overflow: ellipsis; }
-.row { position: absolute; font-size: 14px; font-weight: bold; color: #e8e8f0; padding-top: 5px;
+.row { position: absolute; font-size: 14px; font-weight: bold; color: #d8d9e0; padding-top: 5px;
   border-bottom: 1px solid #2c3235; }
-.nodata { position: absolute; left: 0; right: 0; top: 45%%; text-align: center; color: #8e8e9a;
+.nodata { position: absolute; left: 0; right: 0; top: 45%%; text-align: center; color: #9fa0ab;
   font-size: 13px; }
 .err { margin: 6px 8px; color: #ff7383; font-size: 11px; }
-.grid { stroke: #2c3235; stroke-width: 1; }
+.grid { stroke: #2c3235; stroke-width: 1; shape-rendering: crispEdges; }
+svg rect, svg polygon, svg polyline { shape-rendering: crispEdges; }
 .ax { fill: #9fa0ab; font-size: 9.5px; }
-.legend { display: grid; grid-template-columns: repeat(auto-fill, minmax(270px, 1fr));
+.legend { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr));
   column-gap: 10px; padding: 0 8px; font-size: 10.5px; }
 .li { display: flex; align-items: center; white-space: nowrap; height: 14px; }
 .sw { width: 10px; height: 3px; margin-right: 5px; flex: none; }
 .ln { flex: 1; overflow: hidden; text-overflow: ellipsis; }
 .lv { margin-left: 6px; color: #d8d9e0; }
-.lm { color: #8e8e9a; }
-.more { padding: 0 8px; font-size: 10px; color: #8e8e9a; }
+.more { padding: 0 8px; font-size: 10px; color: #9fa0ab; }
 .stats { display: flex; height: calc(100%% - 22px); }
 .stat { flex: 1; position: relative; text-align: center; display: flex; flex-direction: column;
   justify-content: center; }
 .stat .spark { position: absolute; bottom: 2px; left: 5px; }
 .stat .sv { position: relative; font-size: 24px; color: #73BF69; font-weight: bold; }
-.stat .sn { position: relative; font-size: 11px; color: #a8a8b8; }
-.tbl { border-collapse: collapse; width: 100%%; font-size: 11px; }
-.tbl th { text-align: left; color: #6e9fff; font-weight: normal; padding: 3px 6px;
+.stat .sn { position: relative; font-size: 11px; color: #9fa0ab; }
+.tbl { border-collapse: collapse; width: 100%%; font-size: 10.5px; }
+.tbl th { text-align: left; color: #6e9fff; font-weight: normal; padding: 3px 4px;
   border-bottom: 1px solid #2c3235; white-space: nowrap; }
-.tbl td { padding: 2px 6px; border-bottom: 1px solid #22252b; white-space: nowrap; }
+.tbl td { padding: 2px 4px; border-bottom: 1px solid #22252b; white-space: nowrap; }
 .tbl td.num { text-align: right; }
-.gauge { display: inline-block; width: 50px; height: 8px; background: #22252b; margin-right: 6px;
+.gauge { display: inline-block; width: 36px; height: 8px; background: #22252b; margin-right: 6px;
   vertical-align: middle; }
 .gauge div { height: 100%%; background: #73BF69; }
 """
@@ -646,9 +644,9 @@ def render_panel(panel, results, start, end, x, y, w, h):
             shown = [s for s in all_series if finite(s["points"])]
             colors = [PALETTE[i % len(PALETTE)] for i in range(len(shown))]
             rows = legend_html(panel, shown, colors)
-            per_line = max(1, int((w - 16) // 280))
+            per_line = max(1, int((w - 16) // 200))
             lines = math.ceil(len(rows) / per_line)
-            max_lines = max(1, int((inner_h * 0.42) // 14))
+            max_lines = max(1, int((inner_h * 0.22) // 14))
             more = ""
             if lines > max_lines:
                 keep = max_lines * per_line - 1
