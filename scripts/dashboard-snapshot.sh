@@ -16,7 +16,7 @@
 # the dashboard's grid in one HTML page and screenshots it with headless
 # Chromium. Prints each panel's outcome and where the PNG went. Fails when a
 # panel query returns an error or no panel has data. Everything it started
-# is stopped on exit. About 1.5 minutes.
+# is stopped on exit. About two minutes.
 #
 # Environment:
 #   JURYSTREAM_BIN             the jurystream binary (default: cargo build --release
