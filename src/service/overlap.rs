@@ -69,8 +69,10 @@ pub struct Deferred {
 /// start, and only by a build with the `test-hooks` feature;
 /// docs/testing.md): before the commit is asked for, or after it
 /// answered, so that a kill -9 can land at either instant while the next
-/// cycle is processed. Unset, nothing pauses.
+/// cycle is processed. Unset, nothing pauses. (A build without the
+/// feature never makes one.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
 pub enum CommitHold {
     Before(Duration),
     After(Duration),
@@ -78,6 +80,7 @@ pub enum CommitHold {
 
 impl CommitHold {
     /// `before:MS` or `after:MS`.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     pub fn parse(v: &str) -> Option<CommitHold> {
         let (at, ms) = v.trim().split_once(':')?;
         let d = Duration::from_millis(ms.trim().parse().ok()?);
