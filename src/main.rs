@@ -132,7 +132,8 @@ fn produce(a: ProduceArgs) -> Outcome {
             }
         }
     }
-    let n = jurystream::produce::produce(&a.input, &a.topic, &a.brokers, &props).map_err(failure)?;
+    let n =
+        jurystream::produce::produce(&a.input, &a.topic, &a.brokers, &props).map_err(failure)?;
     eprintln!(
         "produced {n} messages to {}, every one acknowledged by the broker",
         a.topic
@@ -289,8 +290,8 @@ fn print_report<T: serde::Serialize>(
 fn inspect(a: InspectArgs) -> Outcome {
     let cfg = load_config(a.config.as_deref())?;
     let initial_score = cfg.engine().initial_score;
-    let v = jurystream::inspect::inspect(&a.state_dir, &a.inference, initial_score)
-        .map_err(failure)?;
+    let v =
+        jurystream::inspect::inspect(&a.state_dir, &a.inference, initial_score).map_err(failure)?;
     println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     Ok(())
 }
@@ -308,7 +309,8 @@ fn query(a: QueryArgs) -> Outcome {
         (.., Some(r)) => format!("/v1/leaderboard?voter_prompt_id={r}"),
         _ => "/v1/leaderboard".to_owned(),
     };
-    let text = jurystream::api::client::query(&a.url, &path, a.token.as_deref()).map_err(failure)?;
+    let text =
+        jurystream::api::client::query(&a.url, &path, a.token.as_deref()).map_err(failure)?;
     println!("{text}");
     Ok(())
 }

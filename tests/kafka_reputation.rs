@@ -183,7 +183,9 @@ fn sealed_by(svc: &Service) -> std::collections::BTreeMap<String, f64> {
         return Default::default();
     };
     text.lines()
-        .filter_map(|l| l.strip_prefix("jurystream_reputation_sealed_timestamp_seconds{partition=\""))
+        .filter_map(|l| {
+            l.strip_prefix("jurystream_reputation_sealed_timestamp_seconds{partition=\"")
+        })
         .filter_map(|l| {
             let (p, v) = l.split_once("\"} ")?;
             Some((p.to_owned(), v.trim().parse().ok()?))
@@ -198,7 +200,10 @@ fn sealed_by(svc: &Service) -> std::collections::BTreeMap<String, f64> {
 /// throughout the stream and its end is sealed by the idle flush.
 fn review_sessions(setup: &Setup, shape: &str, seed: usize) -> std::path::PathBuf {
     let out = std::process::Command::new("python3")
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/reputation/gen_population.py"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/reputation/gen_population.py"
+        ))
         .args(["--shape", shape, "--seed", &seed.to_string(), "--days", "2"])
         .args(["--items-per-day", "150"])
         .arg("--out")
@@ -281,7 +286,10 @@ fn three_instances_killed_three_times(mode: &str, name: &str) {
                 dir.clone()
             };
             let env = [("JURYSTREAM_INSTANCE_ID", id.as_str())];
-            (id.clone(), instance_with(&setup, &dir, &dir, "127.0.0.1:0", None, &env))
+            (
+                id.clone(),
+                instance_with(&setup, &dir, &dir, "127.0.0.1:0", None, &env),
+            )
         };
         let mut members: Vec<(String, Service)> =
             ["a", "b", "c"].iter().map(|id| start(id)).collect();
@@ -294,7 +302,9 @@ fn three_instances_killed_three_times(mode: &str, name: &str) {
             // 1–4 s after the start or the kill before (sessions), or as
             // long as the moment takes to come (two minutes at most).
             let within = match (sessions, point) {
-                (false, "group forming") => Duration::from_millis(1000 + (seed * 611 % 3000) as u64),
+                (false, "group forming") => {
+                    Duration::from_millis(1000 + (seed * 611 % 3000) as u64)
+                }
                 (false, _) => Duration::from_secs(120),
                 (true, _) => Duration::from_millis(1000 + ((seed + n) * 611 % 3000) as u64),
             };
@@ -338,7 +348,10 @@ fn three_instances_killed_three_times(mode: &str, name: &str) {
         // Every delta key holds one value: no two owners sealed an epoch
         // of a partition differently.
         assert_one_value_per_key(&setup.bootstrap, &format!("{name}-reputation"), true);
-        eprintln!("{name} ({mode}): {} events equal the replay's", expected.len());
+        eprintln!(
+            "{name} ({mode}): {} events equal the replay's",
+            expected.len()
+        );
     }
 }
 

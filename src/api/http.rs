@@ -333,10 +333,7 @@ fn unavailable(why: impl std::fmt::Display, peer_errors: &[PeerError]) -> Respon
     let mut msg = why.to_string();
     if !peer_errors.is_empty() {
         msg.push_str("; peers: ");
-        let named: Vec<String> = peer_errors
-            .iter()
-            .map(|e| crate::error::chain(e))
-            .collect();
+        let named: Vec<String> = peer_errors.iter().map(|e| crate::error::chain(e)).collect();
         msg.push_str(&named.join("; "));
     }
     let mut r = error(StatusCode::SERVICE_UNAVAILABLE, msg);

@@ -277,7 +277,8 @@ impl Lane {
     /// past the last record (that one can be a transaction's commit marker,
     /// which is never delivered).
     fn caught_up<C: ConsumerContext>(&self, consumer: &BaseConsumer<C>) -> bool {
-        self.at_end || (self.next >= 0 && self.below(high_watermark(consumer, &self.topic, self.tp.1)))
+        self.at_end
+            || (self.next >= 0 && self.below(high_watermark(consumer, &self.topic, self.tp.1)))
     }
 
     /// Whether the high watermark `hi` is at most one offset past the last

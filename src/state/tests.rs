@@ -1361,7 +1361,9 @@ fn store_errors_print_their_cause_once_and_are_not_retried() {
     };
     let text = crate::error::chain(&rocks);
     assert!(text.starts_with("RocksDB error at /dev/null/x: "), "{text}");
-    let cause = std::error::Error::source(&rocks).expect("the RocksDB error").to_string();
+    let cause = std::error::Error::source(&rocks)
+        .expect("the RocksDB error")
+        .to_string();
     assert_eq!(text.matches(&cause).count(), 1, "{text}");
 }
 
@@ -1379,6 +1381,9 @@ fn the_changelog_header_and_the_tagged_formats_follow_the_format_number() {
     let newer = (format::FORMAT + 1).to_string();
     let older = (format::FIRST_TAGGED - 1).to_string();
     for bad in [newer.as_str(), older.as_str(), "07", "", "x", "+9"] {
-        assert!(format::changelog_is_tagged(Some(bad.as_bytes())).is_err(), "{bad:?}");
+        assert!(
+            format::changelog_is_tagged(Some(bad.as_bytes())).is_err(),
+            "{bad:?}"
+        );
     }
 }

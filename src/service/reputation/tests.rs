@@ -155,7 +155,10 @@ mod view {
             out.extend(cycle.iter().cloned());
             match doubles.get(i).copied().unwrap_or(0) % 4 {
                 1 => out.extend(cycle),
-                2 => out.push(TopicRecord::Sealed { tp: tp(p), epoch: s }),
+                2 => out.push(TopicRecord::Sealed {
+                    tp: tp(p),
+                    epoch: s,
+                }),
                 3 => out.push(TopicRecord::Sealed {
                     tp: tp(p),
                     epoch: prev.unwrap_or(0),
