@@ -33,6 +33,12 @@ impl Delivery {
             Delivery::AtLeastOnce => "at_least_once",
         }
     }
+
+    /// Whether a cycle is one Kafka transaction (begun before its first
+    /// record, aborted when the cycle is dropped).
+    pub fn transactional(self) -> bool {
+        self == Delivery::ExactlyOnce
+    }
 }
 
 /// `log.format` (also `--log-format`).

@@ -1,40 +1,41 @@
 //! `jurystream run`: the Kafka service (contract §7).
 //!
-//! One consumer group member and one producer per session. Input records
-//! go through the engine ([`ingest`]); every `kafka.commit_interval_ms` the
-//! open cycle is committed in the order of the delivery mode
-//! ([`delivery`]: `exactly_once` = one Kafka transaction, `exactly_once_outbox`,
-//! `at_least_once`; in `exactly_once` the commit's wait overlaps the next
-//! cycle, [`overlap`]). Each cycle of an input partition ends with a cycle
-//! marker in that partition's changelog ([`changelog`]); RocksDB is written
-//! only after the changelog is durable, with the position it reflects. On
-//! assignment a partition's state is RocksDB plus the committed changelog
-//! cycles after that position ([`restore`]); in outbox mode an interrupted
-//! cycle's missing events are published by whoever restores it
-//! ([`reconcile`]). Rebalance and delivery callbacks are in [`context`],
-//! the run loop with its backoff in [`run`]. docs/ARCHITECTURE.md has the
-//! picture.
+//! Folders are the stages a session goes through, each importing only
+//! those below it:
+//!
+//! - [`run`]: the loop: topics, sessions rebuilt with backoff, polling.
+//! - [`rebalance`]: revoke (commit or abort, release) and assign (queue a
+//!   restore); a finished restore taken into service (adopt, seek,
+//!   resume).
+//! - [`cycle`]: one commit cycle: records through the engine
+//!   (`cycle::ingest`), contract §14's tables fed and published
+//!   (`cycle::tables`), then the cycle committed in the order of the
+//!   delivery mode (`cycle::plan`, `cycle::commit`).
+//! - [`session`]: what one consumer-group session holds: the assigned
+//!   partitions, the producer, the open cycle and the commit in flight
+//!   (`session::overlap`).
+//! - [`reputation`]: contract §14's topic, the group's view and its reader.
+//! - [`partition`]: one input partition's state: RocksDB plus its
+//!   changelog (`partition::changelog`), rebuilt on assignment
+//!   (`partition::restore`), an interrupted outbox cycle's missing events
+//!   found in the outputs (`partition::reconcile`).
+//! - [`client`]: Kafka plumbing: names, the sender, librdkafka callbacks
+//!   (`client::context`), per-partition queues (`client::lanes`), topic
+//!   creation (`client::topics`).
+//! - [`error`]: `ServiceError`, retriable or fatal.
+//!
+//! docs/ARCHITECTURE.md has the picture.
 
-mod changelog;
 mod client;
-mod context;
 mod cycle;
-mod delivery;
 pub mod error;
-mod ingest;
-mod lanes;
-mod overlap;
-mod part;
+mod partition;
 mod rebalance;
-mod reconcile;
 mod reputation;
-mod restore;
 mod run;
 mod session;
-mod tables;
-mod topics;
 
-pub use changelog::{CycleMarker, CHANGELOG_HEADER, CYCLE_KEY};
 pub use client::{Names, ORIGIN_HEADER};
 pub use error::{Classify, Fault, RetryHint, ServiceError};
+pub use partition::changelog::{CycleMarker, CHANGELOG_HEADER, CYCLE_KEY};
 pub use run::run;

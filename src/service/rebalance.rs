@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::Tp;
-use super::context::{Ctx, Rebalance};
-use super::delivery::{commit, hand_over, publish_outboxed, write_delivered};
-use super::error::{Result, ServiceError};
-use super::lanes::Lanes;
-use super::restore::{RestoreJob, Restored};
-use super::session::Session;
+use crate::service::client::context::{Ctx, Rebalance};
+use crate::service::client::lanes::Lanes;
+use crate::service::client::Tp;
+use crate::service::cycle::commit::{commit, complete_delivery, hand_over};
+use crate::service::error::{Result, ServiceError};
+use crate::service::partition::restore::{RestoreJob, Restored};
+use crate::service::session::Session;
 
 /// The service's consumer.
 pub type Consumer = BaseConsumer<Ctx<Session>>;
@@ -177,26 +177,7 @@ fn adopt(s: &mut Session, restored: Vec<Restored>) -> Result<()> {
             in_doubt.push((tp, u));
         }
     }
-    if in_doubt.is_empty() {
-        return Ok(());
-    }
-    let mut resent = 0usize;
-    for (tp, u) in &in_doubt {
-        for (idx, ev) in &u.events {
-            publish_outboxed(s, tp, u.seq, *idx, ev)?;
-            resent += 1;
-        }
-    }
-    if resent > 0 {
-        s.flush_acked("re-publish the interrupted cycle's events")?;
-    }
-    for (tp, u) in &in_doubt {
-        s.metrics.outbox_recovered(u.events.len());
-        tracing::info!(topic = %tp.0, partition = tp.1, cycle = u.seq, events = u.total,
-            published_now = u.events.len(), "completed the delivery of the last cycle before this restore");
-    }
-    let tps: Vec<Tp> = in_doubt.into_iter().map(|(tp, _)| tp).collect();
-    write_delivered(s, &tps)
+    complete_delivery(s, in_doubt)
 }
 
 /// Points the consumer at the restored state's next input offset: the

@@ -16,12 +16,12 @@ use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::Tp;
-use super::error::{Result, ServiceError};
 use crate::config::Config;
 use crate::engine::reputation::{Epoch, ReputationParams, Table, Tables, Terms, TermsKey};
 use crate::input::Id;
 use crate::kafka::{client_config, QuietEof};
+use crate::service::client::Tp;
+use crate::service::error::{Result, ServiceError};
 use crate::state::format::{self, TopicKey};
 
 /// A record of the reputation topic.

@@ -12,17 +12,6 @@ use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{check_outbox_partitioner, Names, Outputs, ProduceCtx, StateDirLock, Tp};
-use super::context::Ctx;
-use super::delivery::{commit, commit_overlapped, hand_over, land};
-use super::error::{Classify, Result, ServiceError};
-use super::lanes::{Lanes, Pick};
-use super::part::join_lingering;
-use super::rebalance::{drive_restore, not_restored, Consumer};
-use super::reputation::Reputation;
-use super::restore::local_partitions;
-use super::session::Session;
-use super::topics;
 use crate::api::http::Api;
 use crate::api::Holdings;
 use crate::config::{Config, Delivery};
@@ -30,6 +19,19 @@ use crate::engine::reputation::Mode;
 use crate::error::Chain;
 use crate::kafka::client_config;
 use crate::output::Route;
+use crate::service::client::context::Ctx;
+use crate::service::client::lanes::{Lanes, Pick};
+use crate::service::client::topics;
+use crate::service::client::{
+    check_outbox_partitioner, Names, Outputs, ProduceCtx, StateDirLock, Tp,
+};
+use crate::service::cycle::commit::{commit, commit_overlapped, hand_over, land};
+use crate::service::error::{Classify, Result, ServiceError};
+use crate::service::partition::join_lingering;
+use crate::service::partition::restore::local_partitions;
+use crate::service::rebalance::{drive_restore, not_restored, Consumer};
+use crate::service::reputation::Reputation;
+use crate::service::session::Session;
 use crate::telemetry::Metrics;
 
 /// A cycle is committed early once its outbox holds this many bytes.
@@ -157,7 +159,7 @@ fn session(
     let input_counts = topics::partition_counts(cfg, &cfg.kafka.input_topics)?;
     holdings.set_topics(input_counts.clone().into_iter().collect());
     let delivery = cfg.kafka.delivery;
-    let transactional = super::cycle::transactional(delivery);
+    let transactional = delivery.transactional();
     let topics: [String; 4] = [
         cfg.outputs.scores_topic.clone(),
         cfg.outputs.flags_topic.clone(),

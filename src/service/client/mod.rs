@@ -4,6 +4,10 @@
 //! partitioner that outbox mode computes itself (client settings shared
 //! with `connect` and the tools are in [`crate::kafka`]).
 
+pub mod context;
+pub mod lanes;
+pub mod topics;
+
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -15,10 +19,10 @@ use rdkafka::message::{DeliveryResult, Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, ProducerContext};
 use rdkafka::ClientContext;
 
-use super::error::{Result, ServiceError};
 use crate::config::Config;
 use crate::kafka::{property, send_waiting};
 use crate::output::Route;
+use crate::service::error::{Result, ServiceError};
 
 /// An input (or changelog) topic partition.
 pub type Tp = (String, i32);

@@ -14,12 +14,12 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::changelog::{CycleMarker, OutEvent};
-use super::client::{Tp, ORIGIN_HEADER};
-use super::error::{Result, ServiceError};
 use crate::config::Config;
 use crate::kafka::{reader_config, QuietEof};
 use crate::output::Route;
+use crate::service::client::{Tp, ORIGIN_HEADER};
+use crate::service::error::{Result, ServiceError};
+use crate::service::partition::changelog::{CycleMarker, OutEvent};
 
 /// `<input topic>/<partition>/<cycle>/`: what every origin header of one
 /// cycle starts with.

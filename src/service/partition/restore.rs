@@ -22,13 +22,15 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::changelog::{read_marker, read_outbox, CycleApplier, OutEvent, CHANGELOG_POS};
-use super::client::{partition_dir, Names, Tp};
-use super::error::{Result, ServiceError};
-use super::part::{wait_released, Part};
-use super::reconcile::{undelivered, Cycle};
 use crate::config::Config;
 use crate::kafka::{reader_config, QuietEof};
+use crate::service::client::{partition_dir, Names, Tp};
+use crate::service::error::{Result, ServiceError};
+use crate::service::partition::changelog::{
+    read_marker, read_outbox, CycleApplier, OutEvent, CHANGELOG_POS,
+};
+use crate::service::partition::reconcile::{undelivered, Cycle};
+use crate::service::partition::{wait_released, Part};
 use crate::state::{self, format, Store, StoreError};
 
 /// A restored partition, the keys of changelog records after its last
@@ -322,7 +324,7 @@ fn high_watermark(
 
 /// A restore running on its own thread. Cancelling it does not wait: the
 /// thread notices within a second, and until it ends it lingers as the
-/// holder of its partitions' directories (`super::part::linger`).
+/// holder of its partitions' directories (`partition::linger`).
 pub struct RestoreJob {
     pub tps: Vec<Tp>,
     pub started: Instant,
@@ -370,7 +372,7 @@ impl RestoreJob {
     /// for it; returns its partitions.
     pub fn cancel(self) -> Vec<Tp> {
         self.cancel.store(true, Ordering::SeqCst);
-        super::part::linger(self.dirs, self.thread);
+        crate::service::partition::linger(self.dirs, self.thread);
         self.tps
     }
 }

@@ -8,21 +8,25 @@
 //! directories it holds, and whoever opens one of them next waits for it
 //! ([`wait_released`]), cancellably.
 
+pub mod changelog;
+pub mod reconcile;
+pub mod restore;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::changelog::{
-    seal_cycle, take_cycle_chunks, write_cycle, CycleMarker, OutEvent, CHANGELOG_POS, CYCLE_KEY,
-};
-use super::client::Tp;
-use super::error::{Result, ServiceError};
 use crate::engine::reputation::{Epoch, Terms, TermsKey};
 use crate::engine::{vote_identity, Engine, Outcome, ScoreUpdate, Wants};
 use crate::input::Vote;
 use crate::output::Route;
+use crate::service::client::Tp;
+use crate::service::error::{Result, ServiceError};
+use crate::service::partition::changelog::{
+    seal_cycle, take_cycle_chunks, write_cycle, CycleMarker, OutEvent, CHANGELOG_POS, CYCLE_KEY,
+};
 use crate::state::{Record, Store, StoreError, SWEEP_LIMIT};
 use crate::time::Nanos;
 

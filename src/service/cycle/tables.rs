@@ -4,11 +4,11 @@
 
 use std::sync::mpsc;
 
-use super::client::Tp;
-use super::error::{Result, ServiceError};
-use super::reputation::{records_of, topic_partition, Reputation};
-use super::session::{not_assigned, Session};
 use crate::output::Route;
+use crate::service::client::Tp;
+use crate::service::error::{Result, ServiceError};
+use crate::service::reputation::{records_of, topic_partition, Reputation};
+use crate::service::session::{not_assigned, Session};
 use crate::time::wall_clock;
 
 /// Most records taken from the reader per loop turn.

@@ -30,8 +30,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message as _};
 
-use super::client::Tp;
-use super::error::{Result, ServiceError};
+use crate::service::client::Tp;
+use crate::service::error::{Result, ServiceError};
 use crate::time::Nanos;
 
 /// How long the loop waits for the lowest partition's next records before

@@ -1,9 +1,11 @@
 //! One consumer-group session: the assigned partitions ([`Part`]), the
 //! producer, and the open commit cycle (whether one is open, its input
 //! offsets, whether the session must be rebuilt). Only this file writes
-//! those three; the commit order is `super::cycle`'s, driven by
-//! `super::delivery`; rebalances reach the session through
-//! `super::rebalance`.
+//! those three; the commit order is `cycle::plan`'s, driven by
+//! `cycle::commit`; rebalances reach the session through
+//! `rebalance`.
+
+pub mod overlap;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,18 +14,17 @@ use std::time::{Duration, Instant};
 use rdkafka::producer::{BaseProducer, Producer as _};
 use rdkafka::{Offset, TopicPartitionList};
 
-use super::client::{
-    cleanup_due, partition_dir, send, Names, Out, Outputs, ProduceCtx, Tp, ORIGIN_HEADER,
-};
-use super::cycle::transactional;
-use super::error::{Result, ServiceError};
-use super::overlap::{AgreementSums, Deferred, InFlight, Overlap};
-use super::part::Part;
-use super::restore::RestoreJob;
 use crate::config::{Config, Delivery, TRANSACTION_MARGIN_MS};
 use crate::engine::ScoreUpdate;
 use crate::input::DecodeOptions;
 use crate::kafka::property;
+use crate::service::client::{
+    cleanup_due, partition_dir, send, Names, Out, Outputs, ProduceCtx, Tp, ORIGIN_HEADER,
+};
+use crate::service::error::{Result, ServiceError};
+use crate::service::partition::restore::RestoreJob;
+use crate::service::partition::Part;
+use crate::service::session::overlap::{AgreementSums, Deferred, InFlight, Overlap};
 use crate::state::Store;
 use crate::telemetry::Metrics;
 use crate::time::Nanos;
@@ -37,7 +38,7 @@ pub struct Session {
     pub decode: DecodeOptions,
     /// `input.max_future_skew_seconds` in nanoseconds.
     pub max_skew: Nanos,
-    /// Shared with an overlapped commit's thread (`super::overlap`).
+    /// Shared with an overlapped commit's thread (`session::overlap`).
     pub producer: Arc<BaseProducer<ProduceCtx>>,
     pub delivery: Delivery,
     pub outputs: Outputs,
@@ -81,7 +82,7 @@ pub struct Session {
     txn_budget: Option<Duration>,
     /// contract §14 (modes `shadow` and `learned`): the reputation topic's
     /// reader and the group's view.
-    pub reputation: Option<super::reputation::Reputation>,
+    pub reputation: Option<crate::service::reputation::Reputation>,
 }
 
 /// How long the next step of a cycle may take at `now`: until the revoke
@@ -149,7 +150,7 @@ impl Session {
             restoring: None,
             deadline: None,
             holdings: holdings.clone(),
-            txn_budget: transactional(cfg.kafka.delivery).then(|| {
+            txn_budget: cfg.kafka.delivery.transactional().then(|| {
                 let ms = cfg.transaction_timeout_ms() - TRANSACTION_MARGIN_MS;
                 Duration::from_millis(ms.max(1) as u64)
             }),
@@ -181,7 +182,7 @@ impl Session {
             self.in_cycle = true;
             self.cycle_started = Instant::now();
         }
-        if !self.txn_open && !self.overlap.busy() && transactional(self.delivery) {
+        if !self.txn_open && !self.overlap.busy() && self.delivery.transactional() {
             self.begin_deferred()?;
         }
         Ok(())
@@ -190,7 +191,7 @@ impl Session {
     /// Begins the open cycle's transaction and sends the events it
     /// emitted while the cycle before it committed.
     pub fn begin_deferred(&mut self) -> Result<()> {
-        if !self.in_cycle || self.txn_open || !transactional(self.delivery) {
+        if !self.in_cycle || self.txn_open || !self.delivery.transactional() {
             return Ok(());
         }
         self.producer
@@ -516,7 +517,7 @@ impl Session {
         );
         for tp in due {
             let dir = partition_dir(&self.cfg, &tp);
-            if super::part::is_held(&dir) {
+            if crate::service::partition::is_held(&dir) {
                 continue; // a write or a cancelled restore still holds it
             }
             self.unowned.remove(&tp);
@@ -533,7 +534,7 @@ impl Session {
 
 impl Drop for Session {
     /// The query API lets go of the session's stores, which close with it;
-    /// a restore still running lingers (see `super::part`).
+    /// a restore still running lingers (see `partition`).
     fn drop(&mut self) {
         self.cancel_restore();
         self.holdings.set_held(Default::default());

@@ -1,5 +1,5 @@
 //! The live side of a commit cycle: [`commit`] runs the delivery mode's
-//! plan (`super::cycle`, pure) over [`Live`], whose steps talk to Kafka
+//! plan (`cycle::plan`, pure) over [`Live`], whose steps talk to Kafka
 //! and start the RocksDB writes; the outbox's publishing and delivered
 //! markers are here too. In every mode RocksDB is written only after the
 //! changelog holds the cycle, with the changelog position it reflects.
@@ -11,14 +11,15 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _, ConsumerContext
 use rdkafka::producer::{BaseProducer, Producer};
 use rdkafka::TopicPartitionList;
 
-use super::changelog::{OutEvent, CHANGELOG_HEADER, CYCLE_KEY};
-use super::client::{send, Out, ProduceCtx, Tp, ORIGIN_HEADER};
-use super::cycle::{drive, drive_part, overlap, Step, Steps};
-use super::error::{Result, ServiceError};
-use super::overlap::CommitHold;
-use super::reconcile::origin;
-use super::session::Session;
 use crate::config::Delivery;
+use crate::service::client::{send, Out, ProduceCtx, Tp, ORIGIN_HEADER};
+use crate::service::cycle::plan::{drive, drive_part, overlap, Step, Steps};
+use crate::service::error::{Result, ServiceError};
+use crate::service::partition::changelog::{OutEvent, CHANGELOG_HEADER, CYCLE_KEY};
+use crate::service::partition::reconcile::origin;
+use crate::service::partition::restore::Undelivered;
+use crate::service::session::overlap::CommitHold;
+use crate::service::session::Session;
 
 /// Ends the open cycle in the delivery mode's order and waits for its
 /// commit (a rebalance, the shutdown); on failure aborts what of it is not
@@ -355,7 +356,7 @@ fn publish_outboxes(s: &mut Session, sealed: &[Tp]) -> Result<()> {
 }
 
 /// Publishes event `idx` of cycle `seq` of partition `tp` from its outbox.
-pub fn publish_outboxed(s: &Session, tp: &Tp, seq: u64, idx: u32, ev: &OutEvent) -> Result<()> {
+fn publish_outboxed(s: &Session, tp: &Tp, seq: u64, idx: u32, ev: &OutEvent) -> Result<()> {
     send(
         &s.producer,
         Out {
@@ -368,9 +369,35 @@ pub fn publish_outboxed(s: &Session, tp: &Tp, seq: u64, idx: u32, ev: &OutEvent)
     )
 }
 
+/// Completes the delivery of restored partitions' last cycles that the
+/// restore found not marked delivered (outbox mode): publishes the events
+/// missing from the outputs, then marks those cycles delivered.
+pub fn complete_delivery(s: &mut Session, in_doubt: Vec<(Tp, Undelivered)>) -> Result<()> {
+    if in_doubt.is_empty() {
+        return Ok(());
+    }
+    let mut resent = 0usize;
+    for (tp, u) in &in_doubt {
+        for (idx, ev) in &u.events {
+            publish_outboxed(s, tp, u.seq, *idx, ev)?;
+            resent += 1;
+        }
+    }
+    if resent > 0 {
+        s.flush_acked("re-publish the interrupted cycle's events")?;
+    }
+    for (tp, u) in &in_doubt {
+        s.metrics.outbox_recovered(u.events.len());
+        tracing::info!(topic = %tp.0, partition = tp.1, cycle = u.seq, events = u.total,
+            published_now = u.events.len(), "completed the delivery of the last cycle before this restore");
+    }
+    let tps: Vec<Tp> = in_doubt.into_iter().map(|(tp, _)| tp).collect();
+    write_delivered(s, &tps)
+}
+
 /// Writes the cycle marker of `tps` again with `delivered` set, to the
 /// changelog and then RocksDB.
-pub fn write_delivered(s: &mut Session, tps: &[Tp]) -> Result<()> {
+fn write_delivered(s: &mut Session, tps: &[Tp]) -> Result<()> {
     s.finish_writes()?;
     let mut sealed = Vec::new();
     for tp in tps {

@@ -1,8 +1,8 @@
-//! `exactly_once`'s overlapped commit (`super::cycle::overlap`): the cycle
+//! `exactly_once`'s overlapped commit (`cycle::plan::overlap`): the cycle
 //! whose transaction commits on a thread of its own, and the events the
 //! next cycle emits meanwhile, which wait until that commit has answered
 //! and the next transaction has begun. The session owns one [`Overlap`];
-//! `super::delivery` starts and lands the commits.
+//! `cycle::commit` starts and lands the commits.
 
 use std::sync::mpsc;
 use std::thread::JoinHandle;
@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use rustc_hash::FxHashMap;
 
-use super::client::Tp;
-use super::error::{Result, ServiceError};
 use crate::engine::agreement::RubricSums;
 use crate::input::Id;
 use crate::output::Route;
+use crate::service::client::Tp;
+use crate::service::error::{Result, ServiceError};
 
 /// Per partition (`topic-partition`), its agreement sums by rubric.
 pub type AgreementSums = Vec<(String, FxHashMap<Id, RubricSums>)>;

@@ -7,13 +7,13 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::types::RDKafkaErrorCode;
 
-use super::client::Names;
-use super::error::{Result, ServiceError};
 use crate::config::Config;
 use crate::kafka::client_config;
+use crate::service::client::Names;
+use crate::service::error::{Result, ServiceError};
 
 /// Partition counts of `topics` (missing topics are absent from the map).
-pub(super) fn partition_counts(
+pub fn partition_counts(
     cfg: &Config,
     topics: &[String],
 ) -> Result<std::collections::HashMap<String, i32>> {

@@ -4,16 +4,16 @@
 
 use std::time::{Duration, Instant};
 
-use super::changelog::OutEvent;
-use super::client::{outbox_partition, send, Out, Tp, ORIGIN_HEADER};
-use super::cycle::holds_events;
-use super::error::Result;
-use super::overlap::Deferred;
-use super::reconcile::origin;
-use super::session::{not_assigned, Session};
 use crate::engine::Outcome;
 use crate::input::{check_future_skew, decode_vote, dlq_payload, Rejection};
 use crate::output::{score_update_events, vote_rejected_json, Route, Source};
+use crate::service::client::{outbox_partition, send, Out, Tp, ORIGIN_HEADER};
+use crate::service::cycle::plan::holds_events;
+use crate::service::error::Result;
+use crate::service::partition::changelog::OutEvent;
+use crate::service::partition::reconcile::origin;
+use crate::service::session::overlap::Deferred;
+use crate::service::session::{not_assigned, Session};
 use crate::time::{format_timestamp, wall_clock, Nanos};
 
 /// Partitions whose last accepted vote (or idle flush, or restore) is at

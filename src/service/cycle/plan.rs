@@ -1,7 +1,7 @@
 //! What one commit cycle does, and in which order, per delivery mode
 //! (`kafka.delivery`): a pure plan of [`Step`]s and the one driver that
 //! runs it over a [`Steps`] implementation. The live implementation
-//! (`super::delivery`) talks to Kafka and RocksDB; the tests below run
+//! (`cycle::commit`) talks to Kafka and RocksDB; the tests below run
 //! every mode over a recording fake, failing each step in turn.
 //!
 //! No Kafka, RocksDB or clock here.
@@ -89,12 +89,6 @@ pub fn durable_after(mode: Delivery) -> Step {
         Delivery::ExactlyOnce => CommitTransaction,
         Delivery::ExactlyOnceOutbox | Delivery::AtLeastOnce => Flush(Flushed::Changelog),
     }
-}
-
-/// Whether a cycle is one Kafka transaction (begun before its first
-/// record, aborted when the cycle is dropped).
-pub fn transactional(mode: Delivery) -> bool {
-    mode == Delivery::ExactlyOnce
 }
 
 /// Whether events wait in an outbox until the changelog holds them,
@@ -342,7 +336,7 @@ mod tests {
     fn an_overlapped_cycle_is_the_plan_split_in_three() {
         for mode in MODES {
             let Some(split) = overlap(mode) else {
-                assert!(!transactional(mode), "{mode}");
+                assert!(!mode.transactional(), "{mode}");
                 continue;
             };
             let joined: Vec<Step> = [split.on_loop, split.off_loop, split.landed].concat();
@@ -364,7 +358,7 @@ mod tests {
     fn only_exactly_once_is_transactional_and_only_the_outbox_holds_events() {
         for mode in MODES {
             assert_eq!(
-                transactional(mode),
+                mode.transactional(),
                 plan(mode).contains(&CommitTransaction),
                 "{mode}"
             );

@@ -8,7 +8,7 @@ use std::time::Instant;
 use rdkafka::consumer::{BaseConsumer, Consumer as _, ConsumerContext};
 use rdkafka::ClientContext;
 
-use super::client::Tp;
+use crate::service::client::Tp;
 use crate::telemetry::Metrics;
 
 /// What a consumer-group member does when partitions come and go.
