@@ -8,29 +8,18 @@
 # JURYSTREAM_BIN=PATH measures that binary instead of building one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
 ROUNDS="${2:-3}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
+bench_votes "$N"
+release_bin
 CONFIG="$WORK/bench.toml"
 printf '[batching]\nwindow_seconds = 60\n' > "$CONFIG"
 
-measure() { # label cmd...
-    local label="$1"; shift
-    /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > "$WORK/$label.out" 2> "$WORK/$label.err"
-    read -r secs kb < "$WORK/time.txt"
-    echo "$label $secs $kb"
-}
-
 cat "$INPUT" > /dev/null # warm the page cache
 for _ in $(seq "$ROUNDS"); do
-    measure replay "$BIN" replay --config "$CONFIG" --input "$INPUT"
-    measure grid9 "$BIN" backtest --config "$CONFIG" --input "$INPUT" \
+    time_rss replay "$BIN" replay --config "$CONFIG" --input "$INPUT"
+    time_rss grid9 "$BIN" backtest --config "$CONFIG" --input "$INPUT" \
         --lambda 0.001,0.01,0.1 --window 30,60,300 --format json
 done | python3 -c '
 import sys

@@ -9,13 +9,12 @@
 # JURYSTREAM_BIN=PATH measures that binary instead of the release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 ROUNDS="${ROUNDS:-3}"
 PORT="${BENCH_PORT:-19292}"
 HTTP_PORT="${BENCH_HTTP_PORT:-19465}"
 WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}/connect"
-TARGET="${CARGO_TARGET_DIR:-target}"
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+release_bin
 mkdir -p "$WORK"
 rm -rf "$WORK/state"
 cat > "$WORK/connect.toml" <<TOML
@@ -36,11 +35,10 @@ TOML
 PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
+    broker_stop "$PORT"
 }
 trap cleanup EXIT
-scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-scripts/broker.sh start "$PORT" >/dev/null
+broker_restart "$PORT" >/dev/null
 
 wait_ready() { # url
     for _ in $(seq 1 300); do

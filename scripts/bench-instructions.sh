@@ -20,17 +20,13 @@
 # $BENCH_DIR/callgrind-{replay,run}-MODE.out for `callgrind_annotate`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 command -v valgrind > /dev/null || { echo "needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 N="${1:-1000000}"
 EPOCH="${EPOCH_SECONDS:-3600}"
 MODES="${MODES:-off shadow learned}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
+bench_votes "$N"
+release_bin
 # count OUT CMD...: runs CMD under callgrind into OUT; prints the count.
 count() {
     local out="$1"; shift
@@ -54,12 +50,11 @@ if [ "${KAFKA:-0}" = 1 ]; then
     BROKERS="127.0.0.1:$PORT"
     . scripts/kafka-bench-lib.sh
     HELPER="$(bench_exe kafka_passthrough)"
-    trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+    trap 'broker_stop "$PORT"' EXIT
     TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
     RUN="instr$$"
     for mode in $MODES; do
-        scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-        scripts/broker.sh start "$PORT" >/dev/null
+        broker_restart "$PORT" >/dev/null
         round="$RUN-$mode"
         group="$round-g"
         state="$WORK/state-$group"

@@ -18,24 +18,19 @@
 # this machine" or not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
 DELIVERY="${DELIVERY:-at_least_once}"
 PORT="${BENCH_PORT:-19192}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
+bench_votes "$N"
 BROKERS="127.0.0.1:$PORT"
 
 . scripts/kafka-bench-lib.sh
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+release_bin
 HELPER="$(bench_exe kafka_passthrough)"
 
-scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-scripts/broker.sh start "$PORT"
-trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+broker_restart "$PORT"
+trap 'broker_stop "$PORT"' EXIT
 RUN="bench$$"
 METRICS="127.0.0.1:${METRICS_PORT:-19299}"
 service_config "$RUN" "$RUN-group" "$WORK/state-$RUN" "$METRICS" "$DELIVERY" "$BROKERS" > "$WORK/kafka.toml"
@@ -43,7 +38,7 @@ rm -rf "$WORK/state-$RUN"
 preload "$BIN" "$RUN" "$INPUT" "$DELIVERY" "$BROKERS" "$WORK"
 TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
 
-BROKER_PID="$(cat "${JURYSTREAM_BROKER_DIR:-${TMPDIR:-/tmp}/jurystream-broker}/tansu-$PORT.pid")"
+BROKER_PID="$(broker_pid "$PORT")"
 # cpu_mark VAR: sets VAR to "BUSY TOTAL BROKER CHILDREN" in clock ticks: the
 # machine's busy and total time (/proc/stat), the broker's CPU, and the CPU
 # of this shell's waited-for children (`times`: run in this shell, not a

@@ -27,17 +27,13 @@
 # offset (bench-reputation.sh's live measure, the two runs at once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
 PAIRS="${PAIRS:-8}"
 MODES="${MODES:-shadow learned}"
 EPOCH="${EPOCH_SECONDS:-3600}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
+bench_votes "$N"
+release_bin
 for mode in off $MODES; do
     printf '[batching]\nwindow_seconds = 60\n[reputation]\nmode = "%s"\nepoch_seconds = %s\n' \
         "$mode" "$EPOCH" > "$WORK/pair-$mode.toml"
@@ -82,7 +78,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
     . scripts/kafka-bench-lib.sh
     # (BENCH_HELPER=PATH: an already built kafka_passthrough bench binary.)
     HELPER="${BENCH_HELPER:-$(bench_exe kafka_passthrough)}"
-    trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+    trap 'broker_stop "$PORT"' EXIT
     TOTAL="$(grep -cv '^[[:space:]]*$' "$INPUT")"
     TICK="$(getconf CLK_TCK)"
     # ticks_of PID: the process's user + system clock ticks so far.
@@ -91,8 +87,7 @@ if [ "${KAFKA:-0}" = 1 ]; then
         for i in $(seq "$PAIRS"); do
             # A fresh broker each pair: the test broker keeps every topic
             # in memory (PERFORMANCE.md, "Turn about in alternating order").
-            scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-            scripts/broker.sh start "$PORT" >/dev/null
+            broker_restart "$PORT" >/dev/null
             round="pair$$-$mode-$i"
             preload "$BIN" "$round" "$INPUT" at_least_once "$BROKERS" "$WORK" >&2
             declare -A pid=() waiter=()
@@ -132,8 +127,7 @@ fi
 if [ "${KAFKA:-0}" = 1 ] && [ "${LIVE:-0}" = 1 ]; then
     RATE="${LIVE_RATE:-20000}"
     SECONDS_LIVE="${LIVE_SECONDS:-30}"
-    scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-    scripts/broker.sh start "$PORT" >/dev/null
+    broker_restart "$PORT" >/dev/null
     for mode in $MODES; do
         for i in $(seq "$PAIRS"); do
             live="pair$$-live-$mode-$i"

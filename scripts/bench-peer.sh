@@ -19,33 +19,22 @@
 # Quix Streams (pinned) is installed into a virtualenv under the work dir.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
 DELIVERY="${DELIVERY:-at_least_once}"
 QUIX_GUARANTEE="${QUIX_GUARANTEE:-at-least-once}"
-QUIX_VERSION="3.28.1"
 PORT="${BENCH_PORT:-19193}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
+bench_votes "$N"
 BROKERS="127.0.0.1:$PORT"
 
-VENV="$WORK/quix-venv"
-if ! "$VENV/bin/python" -c "import quixstreams as q; assert q.__version__ == '$QUIX_VERSION'" 2>/dev/null; then
-    python3 -m venv "$VENV"
-    "$VENV/bin/pip" install --quiet "quixstreams==$QUIX_VERSION"
-fi
-PY="$VENV/bin/python"
-
 . scripts/kafka-bench-lib.sh
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+quix_venv
+PY="$VENV/bin/python"
+release_bin
 HELPER="$(bench_exe kafka_passthrough)"
 
-scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-scripts/broker.sh start "$PORT"
-trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+broker_restart "$PORT"
+trap 'broker_stop "$PORT"' EXIT
 RUN="peer$$"
 
 # The votes topic is created with explicit retention settings: Quix derives

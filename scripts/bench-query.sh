@@ -25,6 +25,7 @@
 # rebuilt then; the two bench helpers are).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
 ROUNDS="${ROUNDS:-2}"
 RATE="${RATE:-20000}"
@@ -35,17 +36,11 @@ LOAD_START_PCT="${LOAD_START_PCT:-22}"
 DELIVERY="${DELIVERY:-at_least_once}"
 PORT="${BENCH_PORT:-19192}"
 HTTP_PORT="${BENCH_HTTP_PORT:-19464}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-BROKER_DIR="${JURYSTREAM_BROKER_DIR:-${TMPDIR:-/tmp}/jurystream-broker}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
+bench_votes "$N"
 BROKERS="127.0.0.1:$PORT"
 URL="http://127.0.0.1:$HTTP_PORT"
 
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+release_bin
 . scripts/kafka-bench-lib.sh
 HELPER="$(bench_exe kafka_passthrough)"
 LOAD="$(bench_exe query_load)"
@@ -57,12 +52,11 @@ cleanup() {
     [ -n "$LOAD_PID" ] && kill -TERM "$LOAD_PID" 2>/dev/null || true
     [ -n "$SVC_PID" ] && kill -TERM "$SVC_PID" 2>/dev/null && wait "$SVC_PID" 2>/dev/null || true
     for s in "${STATES[@]}"; do rm -rf "$s"; done
-    scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
+    broker_stop "$PORT"
 }
-scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-scripts/broker.sh start "$PORT"
+broker_restart "$PORT"
 trap cleanup EXIT
-BROKER_PID="$(cat "$BROKER_DIR/tansu-$PORT.pid")"
+BROKER_PID="$(broker_pid "$PORT")"
 RUN="query$$"
 
 # config GROUP STATE_DIR > file

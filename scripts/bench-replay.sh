@@ -8,38 +8,22 @@
 # about (for before/after numbers on a shared machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
+bench_votes "$N"
 
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
-PARSE_BIN="$(cargo bench --locked --bench parse_only --no-run --message-format=json 2>/dev/null \
-    | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "parse_only" and m.get("executable"):
-        print(m["executable"])')"
+release_bin
+PARSE_BIN="$(bench_exe parse_only)"
 CONFIG="$WORK/bench.toml"
 printf '[batching]\nwindow_seconds = 60\n' > "$CONFIG"
-
-measure() { # label cmd...
-    local label="$1"; shift
-    /usr/bin/time -f "%e %M" -o "$WORK/time.txt" "$@" > "$WORK/$label.out" 2> "$WORK/$label.err"
-    read -r secs kb < "$WORK/time.txt"
-    echo "$label $secs $kb"
-}
 
 # warm the page cache
 cat "$INPUT" > /dev/null
 for i in 1 2 3; do
-    measure parse "$PARSE_BIN" "$INPUT"
-    measure replay "$BIN" replay --config "$CONFIG" --input "$INPUT"
+    time_rss parse "$PARSE_BIN" "$INPUT"
+    time_rss replay "$BIN" replay --config "$CONFIG" --input "$INPUT"
     if [ -n "${BASELINE_BIN:-}" ]; then
-        measure baseline "$BASELINE_BIN" replay --config "$CONFIG" --input "$INPUT"
+        time_rss baseline "$BASELINE_BIN" replay --config "$CONFIG" --input "$INPUT"
     fi
 done | python3 -c '
 import sys

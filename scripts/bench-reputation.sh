@@ -28,16 +28,12 @@
 # at the barrier, where a backlog's partitions drift apart).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
 ROUNDS="${ROUNDS:-3}"
 EPOCH="${EPOCH_SECONDS:-3600}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
+bench_votes "$N"
+release_bin
 for mode in off shadow learned; do
     printf '[batching]\nwindow_seconds = 60\n[reputation]\nmode = "%s"\nepoch_seconds = %s\n' \
         "$mode" "$EPOCH" > "$WORK/rep-$mode.toml"
@@ -89,9 +85,8 @@ if [ "${KAFKA:-0}" = 1 ]; then
     BROKERS="127.0.0.1:$PORT"
     . scripts/kafka-bench-lib.sh
     HELPER="$(bench_exe kafka_passthrough)"
-    scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-    scripts/broker.sh start "$PORT"
-    trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+    broker_restart "$PORT"
+    trap 'broker_stop "$PORT"' EXIT
     RUN="rep$$"
     LISTEN="127.0.0.1:$((PORT + 100))"
     # sample LISTEN PID: "waiting drift" lines (the most batches waiting at

@@ -31,37 +31,27 @@
 # COMMIT_INTERVAL_MS applies to every mode (default: each mode's own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
 MODES="${MODES:-at_least_once exactly_once exactly_once_outbox}"
 QUIX="${QUIX:-1}"
-QUIX_VERSION="3.28.1"
 LATENCY_SECONDS="${LATENCY_SECONDS:-15}"
 PORT="${BENCH_PORT:-19194}"
-WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
-mkdir -p "$WORK"
-INPUT="$WORK/votes-$N.jsonl"
-[ -f "$INPUT" ] || python3 scripts/gen-votes.py --votes "$N" --out "$INPUT"
-TARGET="${CARGO_TARGET_DIR:-target}"
+bench_votes "$N"
 BROKERS="127.0.0.1:$PORT"
 
 . scripts/kafka-bench-lib.sh
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
+release_bin
 HELPER="$(bench_exe kafka_passthrough)"
 if [ "$QUIX" = 1 ]; then
-    VENV="$WORK/quix-venv"
-    if ! "$VENV/bin/python" -c "import quixstreams as q; assert q.__version__ == '$QUIX_VERSION'" 2>/dev/null; then
-        python3 -m venv "$VENV"
-        "$VENV/bin/pip" install --quiet "quixstreams==$QUIX_VERSION"
-    fi
+    quix_venv
 fi
 
-scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-scripts/broker.sh start "$PORT"
-trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
+broker_restart "$PORT"
+trap 'broker_stop "$PORT"' EXIT
 RUN="svc$$"
 TCK="$(getconf CLK_TCK)"
-BROKER_PID="$(cat "${JURYSTREAM_BROKER_DIR:-${TMPDIR:-/tmp}/jurystream-broker}/tansu-$PORT.pid")"
+BROKER_PID="$(broker_pid "$PORT")"
 broker_ticks() { awk '{print $14 + $15}' "/proc/$BROKER_PID/stat"; }
 # This shell's waited-for children's CPU ticks.
 child_ticks() { awk '{print $16 + $17}' /proc/$$/stat; }
@@ -156,7 +146,7 @@ fi
 # PCT rate p50_ms p99_ms commits" to RESULTS.
 latency() {
     local mode="$1" pct="$2" rate="$3" live="$RUN-$1-$2" listen pid produced
-    listen="127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+    listen="127.0.0.1:$(any_free_port)"
     # No idle flush while the file's (past) vote times flow.
     service_config "$live" "$live-group" "$WORK/state-$live" "$listen" "$mode" "$BROKERS" \
         | sed 's/^idle_flush_seconds = .*/idle_flush_seconds = 3600/' > "$WORK/$live.toml"

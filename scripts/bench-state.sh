@@ -36,6 +36,7 @@
 # file (replays the generator's output through a pipe; no step 3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 N="${1:-1000000}"
 WORK="${BENCH_DIR:-${TMPDIR:-/tmp}/jurystream-bench}"
 mkdir -p "$WORK"
@@ -46,9 +47,7 @@ REUSE=0
 PIPE="${PIPE_HISTORY:-0}"
 [ "$REUSE" = 1 ] || [ "$PIPE" = 1 ] || [ -f "$HIST" ] \
     || python3 scripts/gen-history.py --inferences "$N" --out "$HIST"
-TARGET="${CARGO_TARGET_DIR:-target}"
-BIN="${JURYSTREAM_BIN:-$TARGET/release/jurystream}"
-[ -n "${JURYSTREAM_BIN:-}" ] || cargo build --release --locked --bins
+release_bin
 CONFIG="$WORK/state-bench.toml"
 : > "$CONFIG"
 [ -z "${CACHE_MB:-}" ] || printf '[state]\ncache_mb = %s\n' "$CACHE_MB" > "$CONFIG"
@@ -88,10 +87,9 @@ fi
 
 [ "${BROKER:-0}" = 1 ] || [ "${CHANGELOG:-0}" = 1 ] || exit 0
 PORT="${BENCH_PORT:-19193}"
-scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
-scripts/broker.sh start "$PORT"
-trap 'scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true' EXIT
-BROKER_PID="$(cat "${JURYSTREAM_BROKER_DIR:-${TMPDIR:-/tmp}/jurystream-broker}/tansu-$PORT.pid")"
+broker_restart "$PORT"
+trap 'broker_stop "$PORT"' EXIT
+BROKER_PID="$(broker_pid "$PORT")"
 
 # run_config RUN LISTEN_PORT: the service's configuration (one input partition).
 run_config() {
@@ -115,10 +113,6 @@ delivery = "exactly_once_outbox"
 dir = "$WORK/run-$1"
 $( [ -z "${CACHE_MB:-}" ] || echo "cache_mb = $CACHE_MB" )
 TOML
-}
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
 # rss_of PID: "VmRSS VmHWM" in MiB (0 0 once it is gone).
@@ -151,7 +145,7 @@ start_run() {
 
 if [ "${BROKER:-0}" = 1 ]; then
 RUN="state$$"
-LISTEN_PORT="$(free_port)"
+LISTEN_PORT="$(any_free_port)"
 mkdir -p "$WORK/run-$RUN"
 cp -r "$STATE" "$WORK/run-$RUN/$RUN-votes-0"
 run_config "$RUN" "$LISTEN_PORT" > "$WORK/run-$RUN.toml"
@@ -174,7 +168,7 @@ if [ -z "${SEED_BIN:-}" ]; then
 fi
 RUN="cl$$"
 OUT="$WORK/changelog-$N"
-LISTEN_PORT="$(free_port)"
+LISTEN_PORT="$(any_free_port)"
 rm -rf "$WORK/run-$RUN"
 mkdir -p "$WORK/run-$RUN" # empty: the changelog is all there is
 run_config "$RUN" "$LISTEN_PORT" > "$WORK/run-$RUN.toml"

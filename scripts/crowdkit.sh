@@ -25,6 +25,8 @@ VENV="$CACHE_ROOT/crowd-kit-$CROWDKIT_VERSION"
 PY="$VENV/bin/python"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REQUIREMENTS="$HERE/crowdkit-requirements.txt"
+# shellcheck source=scripts/lib.sh
+. "$HERE/lib.sh"
 
 installed() {
     [ -f "$VENV/.complete" ] && [ -x "$PY" ] \
@@ -37,14 +39,7 @@ install() {
         echo "crowdkit: crowd-kit $CROWDKIT_VERSION already installed ($VENV)"
         return 0
     fi
-    local py
-    py="$(command -v python3 || true)"
-    [ -n "$py" ] || { echo "crowdkit: no python3" >&2; return 1; }
-    echo "crowdkit: installing crowd-kit $CROWDKIT_VERSION into $VENV (pip)"
-    mkdir -p "$CACHE_ROOT"
-    rm -rf "$VENV"
-    "$py" -m venv "$VENV" || { echo "crowdkit: python3 -m venv failed (install python3-venv)" >&2; return 1; }
-    "$PY" -m pip install --quiet --disable-pip-version-check -r "$REQUIREMENTS" || return 1
+    pinned_venv crowdkit "crowd-kit $CROWDKIT_VERSION" "$VENV" "$REQUIREMENTS" || return 1
     "$PY" -c 'import crowdkit.aggregation' || { echo "crowdkit: crowdkit does not import" >&2; return 1; }
     touch "$VENV/.complete"
     echo "crowdkit: installed crowd-kit $CROWDKIT_VERSION ($VENV)"

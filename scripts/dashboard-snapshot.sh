@@ -32,10 +32,9 @@
 #                              summary.json: every query and its series count)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 T0=$SECONDS
-step() { printf '==> %s [%ds]\n' "$*" $((SECONDS - T0)); }
-die() { echo "dashboard-snapshot: $*" >&2; exit 1; }
 
 OUT="${1:-docs/img/dashboard.png}"
 SLICES="${SNAPSHOT_SLICES:-20}"
@@ -44,35 +43,11 @@ IDLE_FLUSH=20
 PROMETHEUS="${PROMETHEUS:-prometheus}"
 CHROMIUM="${CHROMIUM:-chromium}"
 
-# A port in LO..HI nothing listens on.
-free_port() {
-    local lo=$1 hi=$2 p i
-    for i in $(seq 1 200); do
-        p=$((lo + RANDOM % (hi - lo + 1)))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
-    done
-    die "no free port in $lo-$hi"
-}
-
-# Poll URL until it answers 2xx, for at most SECONDS, while PID lives.
-wait_http() {
-    local url=$1 seconds=$2 pid=$3 what=$4 log=$5
-    local deadline=$((SECONDS + seconds))
-    until curl -fsS -o /dev/null "$url" 2>/dev/null; do
-        kill -0 "$pid" 2>/dev/null || { tail -20 "$log" >&2; die "$what exited; log $log"; }
-        [ $SECONDS -lt $deadline ] || { tail -20 "$log" >&2; die "$what not ready after ${seconds}s; log $log"; }
-        sleep 0.2
-    done
-}
-
-if [ -n "${JURYSTREAM_BIN:-}" ]; then
-    BIN="$JURYSTREAM_BIN"
-else
+if [ -z "${JURYSTREAM_BIN:-}" ]; then
     step "building jurystream (cargo build --release; the first build takes long)"
     scripts/install-deps.sh --build
-    cargo build --release --locked --bins
-    BIN="${CARGO_TARGET_DIR:-target}/release/jurystream"
 fi
+release_bin
 [ -x "$BIN" ] || die "no jurystream binary at $BIN"
 command -v curl >/dev/null || die "needs curl"
 command -v python3 >/dev/null || die "needs python3"
@@ -88,14 +63,6 @@ PROM="127.0.0.1:$(free_port 20000 20199)"
 CONNECT_TOKEN="snapshot-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
 
 RUN_PID="" CONNECT_PID="" PROM_PID="" BROKER_STARTED=""
-stop_pid() { # PID: TERM, up to 10 s, then KILL
-    local pid=$1 i
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
@@ -103,7 +70,7 @@ cleanup() {
     stop_pid "$PROM_PID"
     stop_pid "$CONNECT_PID"
     stop_pid "$RUN_PID"
-    [ -z "$BROKER_STARTED" ] || scripts/broker.sh stop "$BROKER_PORT" >/dev/null 2>&1 || true
+    [ -z "$BROKER_STARTED" ] || broker_stop "$BROKER_PORT"
     if [ "$rc" -ne 0 ] || [ "${JURYSTREAM_SNAPSHOT_KEEP:-}" = 1 ]; then
         echo "    work directory kept: $WORK (run.log, connect.log, prometheus.log, page.html, summary.json)"
     else
@@ -111,9 +78,7 @@ cleanup() {
     fi
     exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap_exit cleanup
 
 step "starting the test broker (tansu) on 127.0.0.1:$BROKER_PORT"
 BROKER_STARTED=1

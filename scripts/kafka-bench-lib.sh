@@ -1,15 +1,5 @@
 # Shared by the Kafka benchmarks (bench-kafka.sh, bench-query.sh,
-# bench-peer.sh); sourced from the repository root.
-
-# bench_exe NAME: builds bench target NAME (release) and prints its path.
-bench_exe() {
-    cargo bench --locked --bench "$1" --no-run --message-format=json 2>/dev/null \
-        | python3 -c 'import json,sys
-for l in sys.stdin:
-    m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
-        print(m["executable"])' "$1"
-}
+# bench-peer.sh); sourced from the repository root, after scripts/lib.sh.
 
 # service_config RUN GROUP STATE_DIR LISTEN DELIVERY BROKERS: a `jurystream
 # run` configuration for input topic RUN-votes (4 partitions) and outputs
@@ -72,4 +62,15 @@ wait_ready() {
         fi
         sleep 0.1
     done
+}
+
+# quix_venv: sets VENV to $WORK/quix-venv, a virtualenv with Quix Streams
+# (pinned) installed there when it is missing or another version.
+quix_venv() {
+    local version=3.28.1
+    VENV="$WORK/quix-venv"
+    if ! "$VENV/bin/python" -c "import quixstreams as q; assert q.__version__ == '$version'" 2>/dev/null; then
+        python3 -m venv "$VENV"
+        "$VENV/bin/pip" install --quiet "quixstreams==$version"
+    fi
 }

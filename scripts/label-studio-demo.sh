@@ -21,40 +21,15 @@
 #   JURYSTREAM_DEMO_TIMEOUT seconds to wait for scores and routing (default 90)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 T0=$SECONDS
-step() { printf '==> %s [%ds]\n' "$*" $((SECONDS - T0)); }
-die() { echo "label-studio-demo: $*" >&2; exit 1; }
 
-# A port in LO..HI nothing listens on.
-free_port() {
-    local lo=$1 hi=$2 p i
-    for i in $(seq 1 200); do
-        p=$((lo + RANDOM % (hi - lo + 1)))
-        (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return 0; }
-    done
-    die "no free port in $lo-$hi"
-}
-
-# Poll URL until it answers 2xx, for at most SECONDS, while PID lives.
-wait_http() {
-    local url=$1 seconds=$2 pid=$3 what=$4 log=$5
-    local deadline=$((SECONDS + seconds))
-    until curl -fsS -o /dev/null "$url" 2>/dev/null; do
-        kill -0 "$pid" 2>/dev/null || { tail -20 "$log" >&2; die "$what exited; log $log"; }
-        [ $SECONDS -lt $deadline ] || { tail -20 "$log" >&2; die "$what not ready after ${seconds}s; log $log"; }
-        sleep 0.2
-    done
-}
-
-if [ -n "${JURYSTREAM_BIN:-}" ]; then
-    BIN="$JURYSTREAM_BIN"
-else
+if [ -z "${JURYSTREAM_BIN:-}" ]; then
     step "building jurystream (cargo build --release; the first build takes long)"
     scripts/install-deps.sh --build
-    cargo build --release --locked --bins
-    BIN="${CARGO_TARGET_DIR:-target}/release/jurystream"
 fi
+release_bin
 [ -x "$BIN" ] || die "no jurystream binary at $BIN"
 "$BIN" connect --help >/dev/null 2>&1 || die "$BIN has no 'connect' command (build a newer jurystream)"
 command -v curl >/dev/null || die "needs curl"
@@ -70,14 +45,6 @@ CONNECT_TOKEN="demo-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')"
 WINDOW=10
 
 LS_START_PID="" RUN_PID="" CONNECT_PID="" CONSUME_PID="" BROKER_STARTED="" LS_STARTED=""
-stop_pid() { # PID: TERM, up to 10 s, then KILL
-    local pid=$1 i
-    [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || return 0
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-}
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
@@ -87,7 +54,7 @@ cleanup() {
     stop_pid "$RUN_PID"
     stop_pid "$LS_START_PID"
     [ -z "$LS_STARTED" ] || scripts/label-studio.sh stop "$LS_PORT" >/dev/null 2>&1 || true
-    [ -z "$BROKER_STARTED" ] || scripts/broker.sh stop "$BROKER_PORT" >/dev/null 2>&1 || true
+    [ -z "$BROKER_STARTED" ] || broker_stop "$BROKER_PORT"
     if [ "$rc" -ne 0 ] || [ "${JURYSTREAM_DEMO_KEEP:-}" = 1 ]; then
         echo "    logs and events kept in $WORK (run.log, connect.log, label-studio/, events.jsonl)"
     else
@@ -95,9 +62,7 @@ cleanup() {
     fi
     exit "$rc"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap_exit cleanup
 
 step "starting Label Studio on 127.0.0.1:$LS_PORT (fresh data directory: the first start migrates its database, 35-80 s)"
 LS_STARTED=1

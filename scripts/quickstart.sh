@@ -9,25 +9,21 @@
 # build the README's command makes, built here when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 PORT="${QUICKSTART_PORT:-19093}"
 METRICS="127.0.0.1:${QUICKSTART_METRICS_PORT:-19464}"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/jurystream-quickstart.XXXXXX")"
 
-if [ -n "${JURYSTREAM_BIN:-}" ]; then
-    BIN="$JURYSTREAM_BIN"
-else
-    scripts/install-deps.sh --build
-    cargo build --release --locked --bins
-    BIN="${CARGO_TARGET_DIR:-target}/release/jurystream"
-fi
-command -v curl >/dev/null || { echo "quickstart: needs curl" >&2; exit 1; }
+[ -n "${JURYSTREAM_BIN:-}" ] || scripts/install-deps.sh --build
+release_bin
+command -v curl >/dev/null || die "needs curl"
 scripts/broker.sh install
 scripts/broker.sh start "$PORT"
 PID=""
 cleanup() {
     [ -n "$PID" ] && kill -TERM "$PID" 2>/dev/null && wait "$PID" 2>/dev/null || true
-    scripts/broker.sh stop "$PORT" >/dev/null 2>&1 || true
+    broker_stop "$PORT"
     rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -35,6 +35,8 @@ VENV="$CACHE_ROOT/schemathesis-$SCHEMATHESIS_VERSION"
 BIN="$VENV/bin/schemathesis"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REQUIREMENTS="$HERE/schemathesis-requirements.txt"
+# shellcheck source=scripts/lib.sh
+. "$HERE/lib.sh"
 
 installed() {
     [ -f "$VENV/.complete" ] && [ -x "$BIN" ] \
@@ -46,15 +48,7 @@ install() {
         echo "schemathesis: $SCHEMATHESIS_VERSION already installed ($VENV)"
         return 0
     fi
-    local py
-    py="$(command -v python3 || true)"
-    [ -n "$py" ] || { echo "schemathesis: no python3" >&2; return 1; }
-    echo "schemathesis: installing schemathesis $SCHEMATHESIS_VERSION into $VENV (pip)"
-    mkdir -p "$CACHE_ROOT"
-    rm -rf "$VENV"
-    "$py" -m venv "$VENV" || { echo "schemathesis: python3 -m venv failed (install python3-venv)" >&2; return 1; }
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-        -r "$REQUIREMENTS" || return 1
+    pinned_venv schemathesis "schemathesis $SCHEMATHESIS_VERSION" "$VENV" "$REQUIREMENTS" || return 1
     "$BIN" --version | grep -q "version $SCHEMATHESIS_VERSION\$" \
         || { echo "schemathesis: the installed CLI is not $SCHEMATHESIS_VERSION" >&2; return 1; }
     touch "$VENV/.complete"
