@@ -384,6 +384,37 @@ impl Runner {
         v.compared("reputation", &outcome);
     }
 
+    /// Two replays through one state directory, one after the other
+    /// (`--keep-open` where the input says so): their outputs
+    /// (`{name}1.jsonl`, `{name}2.jsonl`) concatenated.
+    fn replay_twice(
+        &self,
+        env: &[(OsString, OsString)],
+        config: &Path,
+        inputs: &[(PathBuf, bool); 2],
+        state: &Path,
+        out: &Path,
+        name: &str,
+    ) -> Result<Vec<u8>, String> {
+        let mut outputs = Vec::new();
+        let mut codes = Vec::new();
+        for (i, (input, keep_open)) in inputs.iter().enumerate() {
+            let stdout = out.join(format!("{name}{}.jsonl", i + 1));
+            let rc = self.run(
+                env,
+                &replay_args(config, input, Some(state), *keep_open),
+                &stdout,
+                &out.join(format!("{name}{}.stderr.txt", i + 1)),
+            );
+            codes.push(rc);
+            outputs.push(stdout);
+        }
+        if !codes.iter().all(|rc| rc.ok()) {
+            return Err(format!("{name} replay exited {}/{}", codes[0], codes[1]));
+        }
+        Ok(concat_files(&outputs[0], &outputs[1]))
+    }
+
     /// input.jsonl, then input2.jsonl, through one state directory, without
     /// --keep-open: together expected.jsonl.
     fn continuation(&self, dir: &Path, out: &Path, env: &[(OsString, OsString)], v: &mut Verdict) {
@@ -394,23 +425,14 @@ impl Runner {
                 .push(format!("cannot create {}: {e}", state.display()));
             return;
         }
-        let rc1 = self.run(
-            env,
-            &replay_args(&config, &dir.join("input.jsonl"), Some(&state), false),
-            &out.join("run1.jsonl"),
-            &out.join("run1.stderr.txt"),
-        );
-        let rc2 = self.run(
-            env,
-            &replay_args(&config, &dir.join("input2.jsonl"), Some(&state), false),
-            &out.join("run2.jsonl"),
-            &out.join("run2.stderr.txt"),
-        );
-        if !rc1.ok() || !rc2.ok() {
-            v.problems.push(format!("replay exited {rc1}/{rc2}"));
-            return;
-        }
-        let actual = concat_files(&out.join("run1.jsonl"), &out.join("run2.jsonl"));
+        let inputs = [
+            (dir.join("input.jsonl"), false),
+            (dir.join("input2.jsonl"), false),
+        ];
+        let actual = match self.replay_twice(env, &config, &inputs, &state, out, "run") {
+            Ok(actual) => actual,
+            Err(e) => return v.problems.push(e),
+        };
         let _ = fs::write(out.join("actual.jsonl"), &actual);
         match fs::read(dir.join("expected.jsonl")) {
             Ok(expected) => {
@@ -492,23 +514,11 @@ impl Runner {
                 .push(format!("cannot prepare the split replay: {e}"));
             return;
         }
-        let rc1 = self.run(
-            env,
-            &replay_args(&config, &part1_path, Some(&state), true),
-            &out.join("split1.jsonl"),
-            &out.join("split1.stderr.txt"),
-        );
-        let rc2 = self.run(
-            env,
-            &replay_args(&config, &part2_path, Some(&state), false),
-            &out.join("split2.jsonl"),
-            &out.join("split2.stderr.txt"),
-        );
-        if !rc1.ok() || !rc2.ok() {
-            v.problems.push(format!("split replay exited {rc1}/{rc2}"));
-            return;
-        }
-        let split = concat_files(&out.join("split1.jsonl"), &out.join("split2.jsonl"));
+        let inputs = [(part1_path, true), (part2_path, false)];
+        let split = match self.replay_twice(env, &config, &inputs, &state, out, "split") {
+            Ok(split) => split,
+            Err(e) => return v.problems.push(e),
+        };
         let _ = fs::write(out.join("split.jsonl"), &split);
         if let Some(expected) = &expected {
             let outcome = compare::compare_streams(

@@ -977,6 +977,36 @@ fn slice_file(input: &std::path::Path, out: &std::path::Path, from: usize, to: u
     std::fs::write(out, lines[from..to].join("\n") + "\n").unwrap();
 }
 
+/// `votes` generated votes (`seed`): all but the last 2 000 committed by
+/// an instance A of group `{name}-group` that then stops, so its
+/// changelog holds the history; the last 2 000 published for whoever
+/// comes next. Returns the replay of all of them.
+fn history_then_tail(setup: &Setup, votes: usize, seed: u64, name: &str) -> Vec<serde_json::Value> {
+    let input = setup.dir.path().join("votes.jsonl");
+    generate_votes(&input, votes, seed);
+    let expected = replay(&setup.config, &input);
+    let n = std::fs::read_to_string(&input).unwrap().lines().count();
+    let first = setup.dir.path().join("first.jsonl");
+    let second = setup.dir.path().join("second.jsonl");
+    slice_file(&input, &first, 0, n - 2_000);
+    slice_file(&input, &second, n - 2_000, n);
+    let produced = setup.produce(&first) as i64;
+    let mut a = instance(setup, "a", "a", "127.0.0.1:0", Some("3600"));
+    wait_committed(
+        setup,
+        &format!("{name}-group"),
+        produced,
+        "instance A to commit the history",
+    );
+    assert!(
+        a.terminate(Duration::from_secs(60)).success(),
+        "{}",
+        a.log_text()
+    );
+    setup.publish(&second);
+    expected
+}
+
 #[test]
 fn scale_out_1_3_1_while_votes_flow_equals_one_instance() {
     let _g = serial();
@@ -1121,29 +1151,8 @@ fn a_restore_longer_than_max_poll_interval_keeps_the_member_in_the_group() {
     // so the test proves its point: ~6 s on the project's machine).
     let max_poll_ms = 2_000u64;
     let setup = Setup::new(&broker, "longrestore", 1, "exactly_once_outbox", NO_CACHE);
-    let input = setup.dir.path().join("votes.jsonl");
-    generate_votes(&input, 100_000, 17);
-    let expected = replay(&setup.config, &input);
-    let n = std::fs::read_to_string(&input).unwrap().lines().count();
-    let first = setup.dir.path().join("first.jsonl");
-    let second = setup.dir.path().join("second.jsonl");
-    slice_file(&input, &first, 0, n - 2_000);
-    slice_file(&input, &second, n - 2_000, n);
-    let produced = setup.produce(&first) as i64;
-    let mut a = instance(&setup, "a", "a", "127.0.0.1:0", Some("3600"));
-    wait_committed(
-        &setup,
-        "longrestore-group",
-        produced,
-        "instance A to commit the history",
-    );
-    assert!(
-        a.terminate(Duration::from_secs(60)).success(),
-        "{}",
-        a.log_text()
-    );
+    let expected = history_then_tail(&setup, 100_000, 17, "longrestore");
     // The rest of the stream waits for B (processed once B is restored).
-    setup.publish(&second);
     // B: empty disk, so the whole changelog is read and applied.
     let cfg_b = setup.dir.path().join("b.toml");
     let text = std::fs::read_to_string(&setup.config)
@@ -1318,28 +1327,7 @@ fn a_revoke_during_a_long_restore_hands_over_at_once() {
         return;
     };
     let setup = Setup::new(&broker, "revokerestore", 2, "exactly_once_outbox", NO_CACHE);
-    let input = setup.dir.path().join("votes.jsonl");
-    generate_votes(&input, 120_000, 31);
-    let expected = replay(&setup.config, &input);
-    let n = std::fs::read_to_string(&input).unwrap().lines().count();
-    let first = setup.dir.path().join("first.jsonl");
-    let second = setup.dir.path().join("second.jsonl");
-    slice_file(&input, &first, 0, n - 2_000);
-    slice_file(&input, &second, n - 2_000, n);
-    let produced = setup.produce(&first) as i64;
-    let mut a = instance(&setup, "a", "a", "127.0.0.1:0", Some("3600"));
-    wait_committed(
-        &setup,
-        "revokerestore-group",
-        produced,
-        "A to commit the history",
-    );
-    assert!(
-        a.terminate(Duration::from_secs(60)).success(),
-        "{}",
-        a.log_text()
-    );
-    setup.publish(&second);
+    let expected = history_then_tail(&setup, 120_000, 31, "revokerestore");
     // B, on an empty disk, restores the whole changelog; C joins while it does.
     let b = instance(&setup, "b", "b", "127.0.0.1:0", Some("3600"));
     wait_for(

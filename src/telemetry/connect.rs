@@ -32,6 +32,10 @@ struct ActionLabel {
     action: &'static str,
 }
 
+// The enums' label values are written by hand (`as_str`):
+// prometheus-client's `EncodeLabelValue` derive writes a variant's name as
+// it is (`AtCap`, not `at_cap`) and takes no rename.
+
 /// Where a vote came in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
