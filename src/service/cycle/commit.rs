@@ -29,7 +29,7 @@ pub fn commit<C: ConsumerContext>(s: &mut Session, consumer: &BaseConsumer<C>) -
 }
 
 /// The poll loop's commit: as [`commit`], except that where the mode allows
-/// (`cycle::overlap`) the commit's wait runs off the poll loop, which goes
+/// (`cycle::plan::overlap`) the commit's wait runs off the poll loop, which goes
 /// on with the next cycle; [`land`] takes its answer.
 pub fn commit_overlapped<C: ConsumerContext>(
     s: &mut Session,
