@@ -16,6 +16,8 @@ use rustc_hash::FxHashMap;
 use crate::input::Id;
 use crate::time::{div_euclid, Nanos};
 
+pub mod confusion;
+
 /// `reputation.mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {

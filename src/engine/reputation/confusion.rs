@@ -1,0 +1,255 @@
+//! Contract §15's model `confusion`, pure: the sums a unit adds (c, p, a,
+//! b: soft counts against the others' unweighted mean), the table they
+//! give per rubric (sensitivity, specificity, the evidence of each side,
+//! the prior), and what a vote counts for in a batch scored with it.
+//!
+//! Sums are exact integers (the 2⁻⁴⁰ fixed point of §14's [`fix`]), so
+//! they add up the same in any order and partitioning; every f64 step is
+//! written in the contract's order, without fused multiply-add.
+
+use rustc_hash::FxHashMap;
+
+use super::{fix, unfix};
+use crate::input::Id;
+
+/// What a reviewer's values in sealed units add up to under §15: `c`
+/// values, `p` = Σ fix(o), `a` = Σ fix(o·v), `b` = Σ fix((1 − o)(1 − v)),
+/// o being the others' unweighted mean.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConfusionTerms {
+    pub c: u64,
+    pub p: u128,
+    pub a: u128,
+    pub b: u128,
+}
+
+impl ConfusionTerms {
+    pub fn add(&mut self, o: &ConfusionTerms) {
+        self.c = self.c.saturating_add(o.c);
+        self.p = self.p.saturating_add(o.p);
+        self.a = self.a.saturating_add(o.a);
+        self.b = self.b.saturating_add(o.b);
+    }
+
+    /// F = c·2⁴⁰ − p: the expected true flags, in fixed point.
+    fn flags(&self) -> u128 {
+        (u128::from(self.c) << 40).saturating_sub(self.p)
+    }
+}
+
+/// The §15 terms of one value `v` in a unit of `m` ≥ 2 values whose sum
+/// (in `voter_id` byte order, §14) is `s`.
+pub fn value_terms(s: f64, m: usize, v: f64) -> ConfusionTerms {
+    let o = ((s - v) / (m - 1) as f64).clamp(0.0, 1.0);
+    ConfusionTerms {
+        c: 1,
+        p: fix(o),
+        a: fix(o * v),
+        b: fix((1.0 - o) * (1.0 - v)),
+    }
+}
+
+/// The §15 terms of one unit's values, given in `voter_id` byte order:
+/// one per value, or none when fewer than two (not a unit).
+pub fn unit_terms(values: &[f64]) -> Option<Vec<ConfusionTerms>> {
+    let m = values.len();
+    if m < 2 {
+        return None;
+    }
+    let mut s = 0.0;
+    for &v in values {
+        s += v;
+    }
+    Some(values.iter().map(|&v| value_terms(s, m, v)).collect())
+}
+
+/// `reputation.confusion_*`, validated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConfusionParams {
+    /// n₀ᶜ (finite, ≥ 0).
+    pub prior_votes: f64,
+    /// ε (in (0, 0.5)).
+    pub rate_floor: f64,
+    /// M (finite, ≥ 1).
+    pub max_weight: f64,
+}
+
+impl Default for ConfusionParams {
+    fn default() -> Self {
+        ConfusionParams {
+            prior_votes: 5.0,
+            rate_floor: 0.02,
+            max_weight: 10.0,
+        }
+    }
+}
+
+/// A reviewer's rates and side weights in a [`ConfusionTable`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sides {
+    /// C_u (0 for a reviewer not in the table: the rubric's rates).
+    pub votes: u64,
+    pub sensitivity: f64,
+    pub specificity: f64,
+    /// w⁺: what a pass counts for (< 0: for a flag).
+    pub pass_weight: f64,
+    /// w⁻: what a flag counts for (< 0: for a pass).
+    pub flag_weight: f64,
+}
+
+/// One rubric's non-empty §15 table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfusionTable {
+    pub totals: ConfusionTerms,
+    /// π.
+    pub base_rate: f64,
+    /// The rubric's se and sp.
+    pub sensitivity: f64,
+    pub specificity: f64,
+    /// s: the mean positive evidence of one vote.
+    pub evidence_scale: f64,
+    /// The prior pseudo-vote: (y₀, w₀).
+    pub prior: (f64, f64),
+    /// Every reviewer with C_u ≥ 1.
+    pub voters: FxHashMap<Id, Sides>,
+    /// What a reviewer not in the table gets.
+    pub unseen: Sides,
+}
+
+/// λ⁺ and λ⁻ of shrunk, clamped rates.
+struct Rates {
+    se: f64,
+    sp: f64,
+    pass: f64,
+    flag: f64,
+}
+
+impl ConfusionTable {
+    /// The table of a rubric's per-reviewer sums (contract §15 "Tables"),
+    /// or None when it is empty (C = 0, P = 0, F = 0 or s ≤ 0).
+    pub fn build(
+        params: &ConfusionParams,
+        sums: impl IntoIterator<Item = (Id, ConfusionTerms)>,
+    ) -> Option<ConfusionTable> {
+        let mut sums: Vec<(Id, ConfusionTerms)> =
+            sums.into_iter().filter(|(_, t)| t.c > 0).collect();
+        // s is summed in `voter_id` byte order.
+        sums.sort_unstable_by(|x, y| x.0.cmp(&y.0));
+        let mut totals = ConfusionTerms::default();
+        for (_, t) in &sums {
+            totals.add(t);
+        }
+        let flags = totals.flags();
+        if totals.c == 0 || totals.p == 0 || flags == 0 {
+            return None;
+        }
+        let p_bar = unfix(totals.p);
+        let f_bar = unfix(flags);
+        let pi = totals.p as f64 / (u128::from(totals.c) << 40) as f64;
+        let se = unfix(totals.a) / p_bar;
+        let sp = unfix(totals.b) / f_bar;
+        let n0 = params.prior_votes;
+        let eps = params.rate_floor;
+        let rates = |t: &ConfusionTerms| {
+            let p_u = unfix(t.p);
+            let f_u = unfix(t.flags());
+            let shrunk = |x: f64, n: f64, rubric: f64| {
+                let r = if n + n0 == 0.0 {
+                    rubric
+                } else {
+                    (x + n0 * rubric) / (n + n0)
+                };
+                r.clamp(eps, 1.0 - eps)
+            };
+            let se_u = shrunk(unfix(t.a), p_u, se);
+            let sp_u = shrunk(unfix(t.b), f_u, sp);
+            Rates {
+                se: se_u,
+                sp: sp_u,
+                pass: (se_u / (1.0 - sp_u)).ln(),
+                flag: (sp_u / (1.0 - se_u)).ln(),
+            }
+        };
+        let rated: Vec<(Id, u64, Rates)> =
+            sums.into_iter().map(|(v, t)| (v, t.c, rates(&t))).collect();
+        let mut s = 0.0;
+        for (_, c, r) in &rated {
+            s += *c as f64 * (pi * f64::max(r.pass, 0.0) + (1.0 - pi) * f64::max(r.flag, 0.0));
+        }
+        let s = s / totals.c as f64;
+        if !(s > 0.0) {
+            return None;
+        }
+        let m = params.max_weight;
+        let sides = |votes: u64, r: &Rates| Sides {
+            votes,
+            sensitivity: r.se,
+            specificity: r.sp,
+            pass_weight: (r.pass / s).clamp(-m, m),
+            flag_weight: (r.flag / s).clamp(-m, m),
+        };
+        let unseen = sides(0, &rates(&ConfusionTerms::default()));
+        let voters = rated.iter().map(|(v, c, r)| (v.clone(), sides(*c, r))).collect();
+        let prior_rate = (p_bar + n0 / 2.0) / (totals.c as f64 + n0);
+        let prior = (
+            if prior_rate > 0.5 { 1.0 } else { 0.0 },
+            f64::min((prior_rate / (1.0 - prior_rate)).ln().abs() / s, m),
+        );
+        Some(ConfusionTable {
+            totals,
+            base_rate: pi,
+            sensitivity: se,
+            specificity: sp,
+            evidence_scale: s,
+            prior,
+            voters,
+            unseen,
+        })
+    }
+
+    /// A reviewer's sides: the rubric's rates for one not in the table.
+    pub fn sides(&self, voter: &str) -> &Sides {
+        self.voters.get(voter).unwrap_or(&self.unseen)
+    }
+
+    /// What a vote of value `x` counts for (contract §15 "Scoring"): the
+    /// value y and the weight g (before the caller's r). `noise_weight`
+    /// is the reviewer's §14 ω, which a value inside (0, 1) keeps.
+    pub fn counted(&self, voter: &str, x: f64, noise_weight: f64) -> (f64, f64) {
+        let w = if x == 1.0 {
+            self.sides(voter).pass_weight
+        } else if x == 0.0 {
+            self.sides(voter).flag_weight
+        } else {
+            return (x, noise_weight);
+        };
+        if w >= 0.0 {
+            (x, w)
+        } else {
+            (1.0 - x, -w)
+        }
+    }
+}
+
+/// The mean of a batch's counted values (y, r') with the prior (y₀, w₀)
+/// when it enters (contract §15): (Y + w₀·y₀) / (R' + w₀), sums in the
+/// given (`vote_ids`) order; `None` when there is no evidence at all
+/// (R' = 0), which the contract scores as 0.5 without a step.
+pub fn mean_with_prior(counted: &[(f64, f64)], prior: Option<(f64, f64)>) -> Option<f64> {
+    let mut weight_sum = 0.0;
+    let mut weighted = 0.0;
+    for &(y, r) in counted {
+        weight_sum += r;
+        weighted += r * y;
+    }
+    if weight_sum == 0.0 {
+        return None;
+    }
+    Some(match prior {
+        Some((y0, w0)) if w0 > 0.0 => (weighted + w0 * y0) / (weight_sum + w0),
+        _ => weighted / weight_sum,
+    })
+}
+
+#[cfg(test)]
+mod tests;

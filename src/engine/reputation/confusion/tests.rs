@@ -1,0 +1,239 @@
+//! Contract §15's worked checks, and the properties its sums and tables
+//! promise.
+
+use super::*;
+use crate::engine::reputation::damped_step;
+use crate::engine::score::moments;
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6
+}
+
+macro_rules! assert_close {
+    ($a:expr, $b:expr) => {{
+        let (a, b) = ($a, $b);
+        assert!(close(a, b), "{} = {a}, expected {b}", stringify!($a));
+    }};
+}
+
+/// The worked checks' hour 0 on rubric `safety`: (a, b, c, l) per item.
+const HOUR_ZERO: [[f64; 4]; 5] = [
+    [1.0, 1.0, 1.0, 1.0],
+    [0.0, 0.0, 0.0, 1.0],
+    [0.0, 0.0, 0.0, 1.0],
+    [0.0, 0.0, 0.0, 0.0],
+    [0.0, 0.0, 1.0, 1.0],
+];
+const VOTERS: [&str; 4] = ["a", "b", "c", "l"];
+
+/// Each reviewer's sums over `units`, taken in the order given.
+fn sums_of(units: &[[f64; 4]]) -> FxHashMap<Id, ConfusionTerms> {
+    let mut sums: FxHashMap<Id, ConfusionTerms> = FxHashMap::default();
+    for unit in units {
+        let terms = unit_terms(unit).expect("a unit");
+        for (voter, t) in VOTERS.iter().zip(terms) {
+            sums.entry(Id::from(*voter)).or_default().add(&t);
+        }
+    }
+    sums
+}
+
+fn table() -> ConfusionTable {
+    ConfusionTable::build(&ConfusionParams::default(), sums_of(&HOUR_ZERO)).expect("a table")
+}
+
+#[test]
+fn check_1_sums() {
+    let sums = sums_of(&HOUR_ZERO);
+    let expect = [
+        ("a", 2.333333, 1.0, 2.666667),
+        ("b", 2.333333, 1.0, 2.666667),
+        ("c", 2.0, 1.333333, 2.333333),
+        ("l", 1.333333, 1.333333, 1.0),
+    ];
+    for (voter, p, a, b) in expect {
+        let t = sums[voter];
+        assert_eq!(t.c, 5, "{voter}");
+        assert_close!(unfix(t.p), p);
+        assert_close!(unfix(t.a), a);
+        assert_close!(unfix(t.b), b);
+    }
+    // The first item: every o is 1, so p 1, a 1 and b 0 exactly.
+    let first = unit_terms(&HOUR_ZERO[0]).unwrap();
+    assert!(first.iter().all(|t| *t == ConfusionTerms { c: 1, p: 1 << 40, a: 1 << 40, b: 0 }));
+}
+
+#[test]
+fn check_2_table() {
+    let t = table();
+    assert_eq!(t.totals.c, 20);
+    assert_close!(t.base_rate, 0.4);
+    assert_close!(t.sensitivity, 0.583333);
+    assert_close!(t.specificity, 0.722222);
+    assert_close!(t.evidence_scale, 0.675172);
+    let expect = [
+        ("a", 0.534091, 0.818841, 1.601354, 0.835193),
+        ("b", 0.534091, 0.818841, 1.601354, 0.835193),
+        ("c", 0.607143, 0.743056, 1.273608, 0.943945),
+        ("l", 0.671053, 0.532051, 0.533922, 0.712177),
+    ];
+    for (voter, se, sp, pass, flag) in expect {
+        let s = t.sides(voter);
+        assert_eq!(s.votes, 5);
+        assert_close!(s.sensitivity, se);
+        assert_close!(s.specificity, sp);
+        assert_close!(s.pass_weight, pass);
+        assert_close!(s.flag_weight, flag);
+    }
+    // λ⁺ of a: ln(se/(1 − sp)).
+    assert_close!(t.sides("a").pass_weight * t.evidence_scale, 1.081189);
+    // π′ = 10.5/25 = 0.42: a flag of weight |ln(0.42/0.58)|/s.
+    assert_eq!(t.prior.0, 0.0);
+    assert_close!(t.prior.1, 0.478061);
+    // n, not in the table: the rubric's rates.
+    let n = t.sides("n");
+    assert_eq!(n.votes, 0);
+    assert_close!(n.sensitivity, 0.583333);
+    assert_close!(n.specificity, 0.722222);
+    assert_close!(n.pass_weight, 1.098887);
+}
+
+/// A batch of (voter, value, r) scored with `t` from S = 0.5 after
+/// Δt = 3600 s at λ = 0.01/s: (m, σ², step, score).
+fn score(t: &ConfusionTable, votes: &[(&str, f64, f64)]) -> (f64, f64, f64, f64) {
+    let counted: Vec<(f64, f64)> = votes
+        .iter()
+        .map(|&(voter, x, r)| {
+            let (y, g) = t.counted(voter, x, 1.0);
+            (y, r * g)
+        })
+        .collect();
+    let binary = votes.iter().all(|&(_, x, _)| x == 0.0 || x == 1.0);
+    let m = mean_with_prior(&counted, binary.then_some(t.prior)).expect("evidence");
+    let r: f64 = votes.iter().map(|v| v.2).sum();
+    let applied = moments(&counted);
+    let alpha = (-0.01f64 * 3600.0).exp();
+    let (kappa, beta) = damped_step(alpha, r, applied.weight_sum);
+    (m, applied.variance, beta, kappa * 0.5 + beta * m)
+}
+
+#[test]
+fn check_3_lone_votes() {
+    let t = table();
+    let (m, _, step, s) = score(&t, &[("a", 1.0, 1.0)]);
+    assert_close!(m, 0.770098);
+    assert_eq!(step, 1.0 - (-36f64).exp());
+    assert_close!(s, 0.770098);
+    let (m, _, step, s) = score(&t, &[("l", 1.0, 1.0)]);
+    assert_close!(m, 0.527600);
+    assert_close!(step, 0.533922);
+    assert_close!(s, 0.514736);
+    let (m, _, _, s) = score(&t, &[("n", 1.0, 1.0)]);
+    assert_close!(m, 0.696844);
+    assert_close!(s, 0.696844);
+}
+
+#[test]
+fn check_4_two_votes() {
+    let t = table();
+    let (m, var, step, s) = score(&t, &[("a", 0.0, 1.0), ("l", 1.0, 1.0)]);
+    assert_close!(var, 0.237895);
+    assert_close!(m, 0.289048);
+    assert_close!(step, 0.684557);
+    assert_close!(s, 0.355591);
+    let (m, _, step, s) = score(&t, &[("c", 0.0, 1.0), ("l", 1.0, 2.0)]);
+    assert_close!(m, 0.428879);
+    assert_close!(step, 0.670596);
+    assert_close!(s, 0.452306);
+}
+
+#[test]
+fn empty_tables() {
+    let p = ConfusionParams::default();
+    assert!(ConfusionTable::build(&p, []).is_none(), "C = 0");
+    // Everyone always passes: o = 1 everywhere, F = 0.
+    let all_pass = sums_of(&[[1.0; 4], [1.0; 4]]);
+    assert!(ConfusionTable::build(&p, all_pass).is_none(), "F = 0");
+    let all_flag = sums_of(&[[0.0; 4], [0.0; 4]]);
+    assert!(ConfusionTable::build(&p, all_flag).is_none(), "P = 0");
+    // Two reviewers who always disagree: every side is at or below chance,
+    // so no vote carries positive evidence (s = 0).
+    let mut sums: FxHashMap<Id, ConfusionTerms> = FxHashMap::default();
+    for unit in [[1.0, 0.0], [0.0, 1.0]] {
+        for (voter, t) in ["x", "y"].iter().zip(unit_terms(&unit).unwrap()) {
+            sums.entry(Id::from(*voter)).or_default().add(&t);
+        }
+    }
+    assert!(ConfusionTable::build(&p, sums).is_none(), "s = 0");
+}
+
+#[test]
+fn a_side_worse_than_chance_counts_for_the_other() {
+    // Three who agree with the truth and one who always says the opposite.
+    let units: Vec<[f64; 4]> = (0..40)
+        .map(|i| {
+            let truth = if i % 4 == 0 { 1.0 } else { 0.0 };
+            [truth, truth, truth, 1.0 - truth]
+        })
+        .collect();
+    let t = ConfusionTable::build(&ConfusionParams::default(), sums_of(&units)).unwrap();
+    let adversary = t.sides("l");
+    assert!(adversary.pass_weight < 0.0 && adversary.flag_weight < 0.0, "{adversary:?}");
+    let (y, g) = t.counted("l", 1.0, 1.0);
+    assert_eq!(y, 0.0);
+    assert_eq!(g, -adversary.pass_weight);
+    let (y, g) = t.counted("l", 0.0, 1.0);
+    assert_eq!((y, g), (1.0, -adversary.flag_weight));
+    // The honest sides are positive, the prior a flag (a quarter pass).
+    assert!(t.sides("a").pass_weight > 0.0 && t.sides("a").flag_weight > 0.0);
+    assert_eq!(t.prior.0, 0.0);
+}
+
+#[test]
+fn graded_values_keep_the_noise_weight() {
+    let t = table();
+    assert_eq!(t.counted("l", 0.7, 1.25), (0.7, 1.25));
+    assert_eq!(t.counted("n", 0.3, 0.5), (0.3, 0.5));
+}
+
+#[test]
+fn no_evidence_no_mean() {
+    assert_eq!(mean_with_prior(&[(1.0, 0.0), (0.0, 0.0)], Some((0.0, 0.4))), None);
+    assert_eq!(mean_with_prior(&[(1.0, 2.0)], Some((0.0, 0.0))), Some(1.0));
+    assert_eq!(mean_with_prior(&[(1.0, 1.0)], None), Some(1.0));
+}
+
+#[test]
+fn the_table_does_not_depend_on_order() {
+    // The units in reverse order and the reviewers' sums offered in
+    // reverse give the same sums, bit for bit, and so the same table.
+    let forward = sums_of(&HOUR_ZERO);
+    let mut reversed_units = HOUR_ZERO;
+    reversed_units.reverse();
+    let backward = sums_of(&reversed_units);
+    assert_eq!(forward, backward);
+    let p = ConfusionParams::default();
+    let mut rows: Vec<(Id, ConfusionTerms)> = forward.into_iter().collect();
+    let a = ConfusionTable::build(&p, rows.clone()).unwrap();
+    rows.reverse();
+    let b = ConfusionTable::build(&p, rows).unwrap();
+    assert_eq!(a, b);
+}
+
+#[test]
+fn rates_stay_inside_the_floor() {
+    let p = ConfusionParams {
+        prior_votes: 0.0,
+        ..ConfusionParams::default()
+    };
+    let units: Vec<[f64; 4]> = (0..10)
+        .map(|i| if i % 2 == 0 { [1.0; 4] } else { [0.0; 4] })
+        .collect();
+    let t = ConfusionTable::build(&p, sums_of(&units)).unwrap();
+    let s = t.sides("a");
+    assert_eq!((s.sensitivity, s.specificity), (0.98, 0.98));
+    // Everyone alike and perfect: each side carries the mean evidence.
+    assert_close!(s.pass_weight, 1.0);
+    assert_close!(s.flag_weight, 1.0);
+    assert!(s.pass_weight <= p.max_weight);
+}
