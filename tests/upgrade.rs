@@ -9,8 +9,10 @@
 //! ([`write_format_8_fixtures`], commit 783ceac, in contract §14's `learned`
 //! mode: its reputation topic too, and `replay --partition-files` as the
 //! run's oracle), 9 ([`write_format_9_fixtures`], commit 55b69dd,
-//! `learned` too) and 10 ([`write_format_10_fixtures`], commit 0de2b72,
-//! `learned` too: its series values carry their open values). The other
+//! `learned` too), 10 ([`write_format_10_fixtures`], commit 0de2b72,
+//! `learned` too: its series values carry their open values) and 11
+//! ([`write_format_11_fixtures`], commit e748c18, `learned` too: its
+//! sealed deltas have no contract §15 sums). The other
 //! tests run this build on the second part and compare with a replay of
 //! the whole stream by this build, three for each format N:
 //!
@@ -657,6 +659,16 @@ fn write_format_10_fixtures() {
     write_fixtures(10, "0de2b72");
 }
 
+/// Writes `tests/fixtures/state-format-11/` (or `$JURYSTREAM_FIXTURE_OUT`)
+/// with the binary `$JURYSTREAM_FIXTURE_BIN`, the build of state format 11
+/// (commit e748c18), in contract §14's `learned` mode; needs the test broker.
+/// See the fixture's README.md.
+#[test]
+#[ignore = "writes the fixture with an old binary: JURYSTREAM_FIXTURE_BIN=… cargo test --test upgrade write_format_11_fixtures -- --ignored"]
+fn write_format_11_fixtures() {
+    write_fixtures(11, "e748c18");
+}
+
 fn write_fixtures(format: u32, commit: &str) {
     let _g = serial();
     let bin = PathBuf::from(std::env::var("JURYSTREAM_FIXTURE_BIN").expect(
@@ -948,6 +960,11 @@ fn replay_continues_from_a_format_10_learned_state_directory() {
     replay_continues(&Fixture::of_format(10));
 }
 
+#[test]
+fn replay_continues_from_a_format_11_learned_state_directory() {
+    replay_continues(&Fixture::of_format(11));
+}
+
 /// This build's `replay` of part 2 into a copy of the old replay's state
 /// directory prints what this build's replay of the whole stream prints
 /// after the old replay's events of part 1.
@@ -1092,6 +1109,16 @@ fn run_restores_a_format_10_learned_changelog_and_continues_exactly() {
 #[test]
 fn run_continues_on_a_format_10_learned_state_directory_exactly() {
     run_continues(&Fixture::of_format(10), true);
+}
+
+#[test]
+fn run_restores_a_format_11_learned_changelog_and_continues_exactly() {
+    run_continues(&Fixture::of_format(11), false);
+}
+
+#[test]
+fn run_continues_on_a_format_11_learned_state_directory_exactly() {
+    run_continues(&Fixture::of_format(11), true);
 }
 
 /// A fresh broker holding the fixture's input and changelog records (at

@@ -18,6 +18,8 @@ use crate::time::{div_euclid, Nanos};
 
 pub mod confusion;
 
+use confusion::ConfusionTerms;
+
 /// `reputation.mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -98,20 +100,33 @@ pub type OpenKey = (Epoch, super::SeriesKey, Id);
 pub type TermsKey = (Id, Epoch, Id);
 
 /// What a reviewer's values in sealed units add up to: `n` values, `q` =
-/// Σ fix(d²), `h` = Σ fix(1 / (m − 1)). Exact integers (2⁻⁴⁰ fixed point),
-/// so sums are the same in any order.
+/// Σ fix(d²), `h` = Σ fix(1 / (m − 1)) (contract §14), and the sums of
+/// contract §15 (`confusion`, zero in a delta sealed before they existed).
+/// Exact integers (2⁻⁴⁰ fixed point), so sums are the same in any order.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Terms {
     pub n: u64,
     pub q: u128,
     pub h: u128,
+    pub confusion: ConfusionTerms,
 }
 
 impl Terms {
+    /// §14's sums only (a delta of the formats before §15's sums).
+    pub fn noise(n: u64, q: u128, h: u128) -> Terms {
+        Terms {
+            n,
+            q,
+            h,
+            confusion: ConfusionTerms::default(),
+        }
+    }
+
     pub fn add(&mut self, o: &Terms) {
         self.n = self.n.saturating_add(o.n);
         self.q = self.q.saturating_add(o.q);
         self.h = self.h.saturating_add(o.h);
+        self.confusion.add(&o.confusion);
     }
 }
 
@@ -130,8 +145,8 @@ pub fn unfix(x: u128) -> f64 {
 }
 
 /// The terms of one series-epoch's values, given in `voter_id` byte
-/// order: one per value, or none when fewer than two reviewers have one
-/// (not a unit).
+/// order: one per value (both models' sums), or none when fewer than two
+/// reviewers have one (not a unit).
 pub fn unit_terms(values: &[f64]) -> Option<Vec<Terms>> {
     let m = values.len();
     if m < 2 {
@@ -152,6 +167,7 @@ pub fn unit_terms(values: &[f64]) -> Option<Vec<Terms>> {
                     n: 1,
                     q: fix(d * d),
                     h,
+                    confusion: confusion::value_terms(s, m, v),
                 }
             })
             .collect(),

@@ -50,22 +50,11 @@ fn worked_check_one_terms_and_weights() {
     let terms = hour_zero();
     let a = terms[&("helpfulness".into(), "a".into())];
     let c = terms[&("helpfulness".into(), "c".into())];
-    assert_eq!(
-        a,
-        Terms {
-            n: 3,
-            q: fix(0.75),
-            h: fix(1.5)
-        }
-    );
-    assert_eq!(
-        c,
-        Terms {
-            n: 3,
-            q: fix(3.0),
-            h: fix(1.5)
-        }
-    );
+    assert_eq!((a.n, a.q, a.h), (3, fix(0.75), fix(1.5)));
+    assert_eq!((c.n, c.q, c.h), (3, fix(3.0), fix(1.5)));
+    // §15's sums ride along: a sees o = 1/2 in each unit, c sees o = 1, 0, 1.
+    assert_eq!(a.confusion.c, 3);
+    assert_eq!(c.confusion.p, 2 << 40);
     let table = Table::build(&params(2.0), terms.into_iter().map(|((_, v), t)| (v, t)));
     assert!(close(table.noise_variance, 1.0 / 3.0));
     assert!(close(table.voters["a"].noise_variance, 0.183333));
@@ -102,25 +91,17 @@ fn abstentions_and_lone_values_make_no_unit() {
     ];
     let out = seal(vals.iter().map(|(a, b, c)| (*a, *b, c)));
     assert_eq!(out.len(), 2);
-    assert_eq!(
-        out[&("tone".into(), "d".into())],
-        Terms {
-            n: 1,
-            q: fix(1.0),
-            h: fix(1.0)
-        }
-    );
+    let d = out[&("tone".into(), "d".into())];
+    assert_eq!((d.n, d.q, d.h), (1, fix(1.0), fix(1.0)));
+    // d's 1 against f's 0: o = 0, so nothing towards p or a, and b 0.
+    assert_eq!(d.confusion, confusion::ConfusionTerms { c: 1, p: 0, a: 0, b: 0 });
 }
 
 #[test]
 fn an_agreeing_rubric_gives_everyone_one() {
     let terms = [(
         Id::from("a"),
-        Terms {
-            n: 4,
-            q: 0,
-            h: fix(2.0),
-        },
+        Terms::noise(4, 0, fix(2.0)),
     )];
     assert_eq!(Table::build(&params(2.0), terms).weight("a"), 1.0);
 }
@@ -140,11 +121,7 @@ fn tables_hold_epochs_up_to_k_minus_two_and_fold() {
         &r,
         11,
         &c,
-        &Terms {
-            n: 5,
-            q: fix(0.0),
-            h: fix(5.0),
-        },
+        &Terms::noise(5, fix(0.0), fix(5.0)),
     );
     assert!(close(tables.table(&p, &r, 12).weight("c"), 0.547739));
     let t13 = tables.table(&p, &r, 13);

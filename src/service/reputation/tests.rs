@@ -1,4 +1,5 @@
 use super::*;
+use crate::engine::reputation::confusion::ConfusionTerms;
 
 fn tp(p: i32) -> Tp {
     ("votes".into(), p)
@@ -9,6 +10,12 @@ fn terms(n: u64) -> Terms {
         n,
         q: n as u128 * 7,
         h: n as u128 * 3,
+        confusion: ConfusionTerms {
+            c: n,
+            p: n as u128 * 5,
+            a: n as u128 * 2,
+            b: n as u128,
+        },
     }
 }
 

@@ -45,7 +45,9 @@
 //! vote's value (contract §14's open value, read back from the identities of
 //! open epochs at a restore), and a series' value starts with the open
 //! values it still carries (those the identities cannot say, and format
-//! 10's until their seal; usually none: one byte), its state after them.
+//! 10's until their seal; usually none: one byte), its state after them;
+//! 12 a sealed delta (`u`, and the reputation topic's delta rows) carries
+//! contract §15's sums after §14's (an older delta is read with them zero).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize, Serializer};
@@ -69,7 +71,7 @@ use reputation::{series_parts, SeriesParts};
 pub use service::*;
 
 /// The format this build writes.
-pub const FORMAT: u8 = 11;
+pub const FORMAT: u8 = 12;
 
 /// The first format with the format byte; every value of 7 reads as 8.
 pub const FIRST_TAGGED: u8 = 7;

@@ -1,8 +1,10 @@
-//! contract §14's records (formats 8 to 11): a series' open values as its
-//! value holds them (formats 10 and 11), the `e` and `h` records of formats 8 and
-//! 9 (still read), sealed deltas, and the keys of all three.
+//! contract §14's records (formats 8 on): a series' open values as its
+//! value holds them (formats 10 on), the `e` and `h` records of formats 8 and
+//! 9 (still read), sealed deltas (with contract §15's sums from format 12),
+//! and the keys of all three.
 
 use super::{decode, encode, payload, FormatError, SeriesIn};
+use crate::engine::reputation::confusion::ConfusionTerms;
 use crate::engine::reputation::{Epoch, OpenKey, OpenValue, Terms, TermsKey};
 use crate::engine::SeriesKey;
 use crate::input::Id;
@@ -147,16 +149,39 @@ pub fn decode_open_unit(v: &[u8]) -> Result<Option<Vec<(Id, OpenValue)>>, Format
     ))
 }
 
-/// A sealed delta (contract §14): n, q, h.
-type TermsL = (u64, u128, u128);
+/// A sealed delta of formats 8 to 11 (contract §14): n, q, h.
+type TermsL11 = (u64, u128, u128);
 
-pub fn encode_terms(t: &Terms) -> Vec<u8> {
-    encode::<TermsL>(&(t.n, t.q, t.h))
+/// A sealed delta (format 12 on): n, q, h, then contract §15's c, p, a, b.
+pub(super) type TermsL = (u64, u128, u128, u64, u128, u128, u128);
+
+pub(super) fn terms_layout(t: &Terms) -> TermsL {
+    let c = &t.confusion;
+    (t.n, t.q, t.h, c.c, c.p, c.a, c.b)
 }
 
+pub(super) fn terms_of((n, q, h, c, p, a, b): TermsL) -> Terms {
+    Terms {
+        n,
+        q,
+        h,
+        confusion: ConfusionTerms { c, p, a, b },
+    }
+}
+
+pub fn encode_terms(t: &Terms) -> Vec<u8> {
+    encode::<TermsL>(&terms_layout(t))
+}
+
+/// A sealed delta; one of a format before 12 has no §15 sums (zero).
 pub fn decode_terms(v: &[u8]) -> Result<Terms, FormatError> {
-    let (n, q, h): TermsL = decode(v)?;
-    Ok(Terms { n, q, h })
+    let (format, bytes) = payload(v)?;
+    let layout = |source| FormatError::Layout { format, source };
+    if format < 12 {
+        let (n, q, h): TermsL11 = postcard::from_bytes(bytes).map_err(layout)?;
+        return Ok(Terms::noise(n, q, h));
+    }
+    postcard::from_bytes(bytes).map(terms_of).map_err(layout)
 }
 
 /// An open value's key after the kind byte: epoch, inference, rubric,

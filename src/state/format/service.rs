@@ -16,7 +16,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{decode, each, encode, FormatError, Seq};
+use super::reputation::{terms_layout, terms_of, TermsL};
+use super::{decode, each, encode, payload, FormatError, Seq};
 use crate::engine::reputation::{Epoch, Terms};
 use crate::input::Id;
 
@@ -150,21 +151,33 @@ pub fn parse_topic_key(key: &[u8]) -> Result<Option<TopicKey>, postcard::Error> 
     })
 }
 
-/// A sealed delta's value: each reviewer's terms (reviewer, n, q, h), in
-/// the order given (the service sorts them by reviewer).
+/// A sealed delta's value: each reviewer's terms (reviewer, then the
+/// terms as a `u` record lays them out), in the order given (the service
+/// sorts them by reviewer).
 pub fn encode_topic_delta(rows: &[(Id, Terms)]) -> Vec<u8> {
-    encode(&each(rows, |(voter, t)| (voter.as_str(), t.n, t.q, t.h)))
+    encode(&each(rows, |(voter, t)| (voter.as_str(), terms_layout(t))))
 }
 
-/// A sealed delta's row: reviewer, n, q, h.
-type TopicRowL = (Id, u64, u128, u128);
+/// A sealed delta's row before format 12: reviewer, n, q, h.
+type TopicRowL11 = (Id, u64, u128, u128);
 
+/// A sealed delta's row (format 12 on): reviewer, terms.
+type TopicRowL = (Id, TermsL);
+
+/// A sealed delta's rows; one of a format before 12 has no contract §15
+/// sums (zero).
 pub fn decode_topic_delta(v: &[u8]) -> Result<Vec<(Id, Terms)>, FormatError> {
-    let rows: Vec<TopicRowL> = decode(v)?;
-    Ok(rows
-        .into_iter()
-        .map(|(voter, n, q, h)| (voter, Terms { n, q, h }))
-        .collect())
+    let (format, bytes) = payload(v)?;
+    let layout = |source| FormatError::Layout { format, source };
+    if format < 12 {
+        let rows: Vec<TopicRowL11> = postcard::from_bytes(bytes).map_err(layout)?;
+        return Ok(rows
+            .into_iter()
+            .map(|(voter, n, q, h)| (voter, Terms::noise(n, q, h)))
+            .collect());
+    }
+    let rows: Vec<TopicRowL> = postcard::from_bytes(bytes).map_err(layout)?;
+    Ok(rows.into_iter().map(|(voter, t)| (voter, terms_of(t))).collect())
 }
 
 /// A seal record's value: the newest epoch the partition has sealed.

@@ -15,6 +15,7 @@
 use std::path::PathBuf;
 
 use super::*;
+use crate::engine::reputation::confusion::ConfusionTerms;
 use crate::engine::reputation::{OpenKey, Terms, TermsKey};
 use crate::state::keys;
 
@@ -202,6 +203,12 @@ fn layouts() -> Vec<(&'static str, Vec<u8>)> {
         n: 3,
         q: 1 << 80,
         h: 12_345,
+        confusion: ConfusionTerms {
+            c: 3,
+            p: 1 << 41,
+            a: 1 << 40,
+            b: 77,
+        },
     };
     let v = encode_terms(&terms);
     assert_eq!(decode_terms(&v).unwrap(), terms);
@@ -405,5 +412,30 @@ fn every_stored_layout_round_trips_and_keeps_its_bytes_within_its_format() {
          A layout only added to this test: rewrite the fixture with {WRITE_LAYOUTS}=1.",
         path.display(),
         problems.join("\n  ")
+    );
+}
+
+/// Format 11's sealed deltas (the bytes of its layouts fixture) are read
+/// with contract §15's sums zero: their epochs count for §14 only.
+#[test]
+fn format_11_deltas_have_no_confusion_sums() {
+    let unhex = |h: &str| -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    };
+    let terms = Terms::noise(3, 1 << 80, 12_345);
+    assert_eq!(
+        decode_terms(&unhex("0b03808080808080808080808008b960")).unwrap(),
+        terms
+    );
+    let rows = decode_topic_delta(&unhex(
+        "0b02057265762d3103808080808080808080808008b960057265762d32000000",
+    ))
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![("rev-1".into(), terms), ("rev-2".into(), Terms::default())]
     );
 }
