@@ -19,7 +19,7 @@ use serde::Deserialize;
 use choice::{one_of, some_one_of};
 pub use choice::{Delivery, LogFormat};
 
-use crate::engine::reputation::{Mode, ReputationParams};
+use crate::engine::reputation::{Mode, Model, ReputationParams};
 use crate::engine::score::{Aggregator, TimeUnit};
 use crate::engine::{EngineConfig, RubricParams};
 use crate::input::DecodeOptions;
@@ -301,6 +301,16 @@ pub struct Reputation {
     pub max_weight: f64,
     #[serde(deserialize_with = "choice::text")]
     pub topic: String,
+    /// contract §15: the default model, and its options (unset: the
+    /// default; set while no rubric uses the model: an error).
+    #[serde(deserialize_with = "one_of")]
+    pub model: Model,
+    #[serde(default)]
+    pub confusion_prior_votes: Option<f64>,
+    #[serde(default)]
+    pub confusion_rate_floor: Option<f64>,
+    #[serde(default)]
+    pub confusion_max_weight: Option<f64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -313,6 +323,8 @@ pub struct RubricOverride {
     #[serde(default, deserialize_with = "some_one_of")]
     pub time_unit: Option<TimeUnit>,
     pub variance_threshold: Option<f64>,
+    #[serde(default, deserialize_with = "some_one_of")]
+    pub reputation_model: Option<Model>,
 }
 
 impl Config {

@@ -10,7 +10,7 @@ use std::str::FromStr;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use crate::engine::reputation::Mode;
+use crate::engine::reputation::{Mode, Model};
 use crate::engine::score::{Aggregator, TimeUnit};
 
 /// `kafka.delivery`: how a commit cycle reaches the broker.
@@ -95,6 +95,13 @@ impl Choice for TimeUnit {
 
 impl Choice for Mode {
     const ALL: &'static [Self] = &[Mode::Off, Mode::Shadow, Mode::Learned];
+    fn name(self) -> &'static str {
+        self.as_str()
+    }
+}
+
+impl Choice for Model {
+    const ALL: &'static [Self] = &[Model::Noise, Model::Confusion];
     fn name(self) -> &'static str {
         self.as_str()
     }

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::*;
+use crate::engine::reputation::confusion::ConfusionParams;
 
 impl Sections {
     pub(super) fn into_config(self) -> Result<Config, ConfigError> {
@@ -300,10 +301,64 @@ impl Sections {
         if r.topic.is_empty() {
             return Err(ConfigError("reputation.topic: must not be empty".into()));
         }
+        self.validate_confusion()?;
         if r.mode != Mode::Off {
             check_epochs(&self.batching, r)?;
         }
         Ok(())
+    }
+
+    /// contract §15's options: each in its range, and set only when some
+    /// rubric's model is `confusion` (an option nothing reads is a mistake).
+    fn validate_confusion(&self) -> Result<(), ConfigError> {
+        let r = &self.reputation;
+        let options = [
+            ("reputation.confusion_prior_votes", r.confusion_prior_votes),
+            ("reputation.confusion_rate_floor", r.confusion_rate_floor),
+            ("reputation.confusion_max_weight", r.confusion_max_weight),
+        ];
+        let used = r.model == Model::Confusion
+            || self
+                .rubrics
+                .values()
+                .any(|o| o.reputation_model == Some(Model::Confusion));
+        if !used {
+            if let Some((key, _)) = options.iter().find(|(_, v)| v.is_some()) {
+                return Err(ConfigError(format!(
+                    "{key}: an option of reputation model \"confusion\", which no rubric uses \
+                     (set reputation.model or rubrics.<id>.reputation_model to \"confusion\", \
+                     or remove it)"
+                )));
+            }
+        }
+        let c = self.confusion_params();
+        non_negative("reputation.confusion_prior_votes", c.prior_votes)?;
+        finite("reputation.confusion_rate_floor", c.rate_floor)?;
+        if !(c.rate_floor > 0.0 && c.rate_floor < 0.5) {
+            return Err(ConfigError(format!(
+                "reputation.confusion_rate_floor: must be > 0 and < 0.5, got {}",
+                c.rate_floor
+            )));
+        }
+        finite("reputation.confusion_max_weight", c.max_weight)?;
+        if c.max_weight < 1.0 {
+            return Err(ConfigError(format!(
+                "reputation.confusion_max_weight: must be >= 1, got {}",
+                c.max_weight
+            )));
+        }
+        Ok(())
+    }
+
+    /// contract §15's options, the defaults where unset.
+    fn confusion_params(&self) -> ConfusionParams {
+        let r = &self.reputation;
+        let d = ConfusionParams::default();
+        ConfusionParams {
+            prior_votes: r.confusion_prior_votes.unwrap_or(d.prior_votes),
+            rate_floor: r.confusion_rate_floor.unwrap_or(d.rate_floor),
+            max_weight: r.confusion_max_weight.unwrap_or(d.max_weight),
+        }
     }
 
     fn reputation_params(&self) -> ReputationParams {
@@ -315,6 +370,7 @@ impl Sections {
             noise_floor: r.noise_floor,
             min_weight: r.min_weight,
             max_weight: r.max_weight,
+            confusion: self.confusion_params(),
         }
     }
 
@@ -375,6 +431,7 @@ impl Sections {
             variance_threshold,
             aggregator: o.aggregator.unwrap_or(d.aggregator),
             temperature,
+            reputation_model: o.reputation_model.unwrap_or(self.reputation.model),
         })
     }
 }

@@ -2,7 +2,8 @@
 //! full batch closes, in what order, and the score update each closed
 //! batch makes of its series.
 
-use super::reputation;
+use super::reputation::{self, confusion, Model, Table};
+use super::score::Aggregator;
 use super::score::Evidence;
 use super::*;
 
@@ -86,12 +87,20 @@ impl Engine {
         if self.cfg.query_index {
             self.note_unit(&key.series.voter_prompt_id, &counted);
         }
-        // `learned` (contract §14): each counted vote's ω in T_k, and (k − 1)·E.
+        // `learned` (contract §14, §15): each counted vote's weight in T_k
+        // (and under `confusion` what it counts as, and the prior), and
+        // (k − 1)·E.
         let learned = (self.cfg.reputation.learned() && !counted.is_empty()).then(|| {
-            let (table, until) = self.table_for(&key.series.voter_prompt_id, key.window_start);
-            let weights: smallvec::SmallVec<[f64; 4]> =
-                counted.iter().map(|e| table.weight(&e.voter_id)).collect();
-            (weights, until)
+            let rubric = &key.series.voter_prompt_id;
+            let (table, until) = self.table_for(rubric, key.window_start);
+            let applied = match self.cfg.params(rubric).reputation_model {
+                Model::Noise => Applied {
+                    weights: counted.iter().map(|e| table.weight(&e.voter_id)).collect(),
+                    confusion: None,
+                },
+                Model::Confusion => confusion_applied(&table, &counted),
+            };
+            (applied, until)
         });
         let cfg = &self.cfg;
         // An open batch pins its series in the cache, so it is here; if not,
@@ -114,20 +123,34 @@ impl Engine {
             return;
         }
         let params = cfg.params(&key.series.voter_prompt_id).clone();
-        // r'_i = r_i·ω_i in `learned` mode (one product), else r_i.
+        // r'_i = r_i·ω_i in `learned` mode (one product), else r_i; under
+        // `confusion` the value is what the vote counts as (contract §15).
         let pairs: Vec<(f64, f64)> = counted
             .iter()
             .enumerate()
-            .map(|(i, e)| {
-                let r = match &learned {
-                    Some((weights, _)) => e.weight * weights[i],
-                    None => e.weight,
-                };
-                (e.value.unwrap_or_default(), r)
+            .map(|(i, e)| match &learned {
+                Some((a, _)) => {
+                    let value = match &a.confusion {
+                        Some(c) => c.values[i],
+                        None => e.value.unwrap_or_default(),
+                    };
+                    (value, e.weight * a.weights[i])
+                }
+                None => (e.value.unwrap_or_default(), e.weight),
             })
             .collect();
-        let m = score::moments(&pairs);
-        let agg = score::aggregate(&pairs, m.mean, params.aggregator, params.temperature);
+        let prior = learned
+            .as_ref()
+            .and_then(|(a, _)| a.confusion.as_ref())
+            .map(|c| c.prior);
+        let (m, mean, agg) = match prior {
+            None => {
+                let m = score::moments(&pairs);
+                let agg = score::aggregate(&pairs, m.mean, params.aggregator, params.temperature);
+                (m, m.mean, agg)
+            }
+            Some(prior) => confusion_moments(&pairs, prior, &params),
+        };
         let first = counted
             .iter()
             .map(|e| e.timestamp)
@@ -215,7 +238,7 @@ impl Engine {
         state.update_seq += 1;
         state.votes += counted.len() as u64;
         state.ambiguous = ambiguous;
-        let previous_mean_vote = state.last_mean_vote.replace(m.mean);
+        let previous_mean_vote = state.last_mean_vote.replace(mean);
         let after = before
             .is_some()
             .then(|| board::placement(&key.series.voter_prompt_id, state));
@@ -243,7 +266,7 @@ impl Engine {
             abstentions,
             superseded,
             weight_sum: m.weight_sum,
-            mean_vote: m.mean,
+            mean_vote: mean,
             aggregate: agg,
             variance: m.variance,
             votes: counted,
@@ -251,14 +274,107 @@ impl Engine {
             score_interval: evidence.interval(new_score, cfg.initial_score),
             previous_interval: prev_evidence.interval(prev_score, cfg.initial_score),
             companions,
-            learned: learned.map(|(weights, table_until)| Learned {
-                weights,
+            learned: learned.map(|(a, table_until)| Learned {
+                weights: a.weights,
                 step: beta,
                 table_until,
+                confusion: a.confusion,
             }),
         });
         if let (Some(from), Some(to)) = (before, after) {
             self.move_on_board(from, to);
         }
     }
+}
+
+/// What a batch's votes count for under its rubric's model: the weights
+/// (ω, or contract §15's g) and, under `confusion`, the values and prior.
+struct Applied {
+    weights: smallvec::SmallVec<[f64; 4]>,
+    confusion: Option<Counted>,
+}
+
+/// Contract §15 "Scoring": each vote's (y, g) in T_k's `confusion` table,
+/// and the prior when it carries weight. A batch with a graded value
+/// counts each vote as itself with its §14 ω, a batch of 0/1 values
+/// without a table with weight 1 (§3 exactly); neither has a prior.
+fn confusion_applied(table: &Table, counted: &[Entry]) -> Applied {
+    let binary = counted
+        .iter()
+        .all(|e| matches!(e.value, Some(x) if x == 0.0 || x == 1.0));
+    let t = match &table.confusion {
+        Some(t) if binary => t,
+        // A graded batch scores as under `noise`; a 0/1 batch without a
+        // table as §3.
+        _ => {
+            return Applied {
+                weights: counted
+                    .iter()
+                    .map(|e| {
+                        if binary {
+                            1.0
+                        } else {
+                            table.weight(&e.voter_id)
+                        }
+                    })
+                    .collect(),
+                confusion: Some(Counted {
+                    values: counted
+                        .iter()
+                        .map(|e| e.value.unwrap_or_default())
+                        .collect(),
+                    prior: None,
+                }),
+            };
+        }
+    };
+    let mut weights = smallvec::SmallVec::new();
+    let mut values = smallvec::SmallVec::new();
+    for e in counted {
+        let x = e.value.unwrap_or_default();
+        let (y, g) = t.counted(&e.voter_id, x, table.weight(&e.voter_id));
+        values.push(y);
+        weights.push(g);
+    }
+    let prior = (t.prior.1 > 0.0).then_some(t.prior);
+    Applied {
+        weights,
+        confusion: Some(Counted { values, prior }),
+    }
+}
+
+/// Contract §15's moments of the (y_i, r'_i): σ² and D about the votes
+/// alone, the mean and the aggregate with the prior as one more value of
+/// weight w₀ (not a vote: the power mean's k counts votes). With no
+/// evidence (R' = 0) the mean and aggregate are 0.5, σ² and D 0 (the step
+/// is then 0).
+fn confusion_moments(
+    pairs: &[(f64, f64)],
+    prior: Option<(f64, f64)>,
+    params: &RubricParams,
+) -> (score::Moments, f64, f64) {
+    let Some(mean) = confusion::mean_with_prior(pairs, prior) else {
+        let mut weight_sum = 0.0;
+        for &(_, r) in pairs {
+            weight_sum += r;
+        }
+        let m = score::Moments {
+            weight_sum,
+            mean: 0.5,
+            variance: 0.0,
+            concentration: 0.0,
+        };
+        return (m, 0.5, 0.5);
+    };
+    let m = score::moments(pairs);
+    let agg = match (params.aggregator, prior) {
+        (Aggregator::Mean, _) => mean,
+        (Aggregator::PowerMean, None) => score::power_mean(pairs, params.temperature),
+        (Aggregator::PowerMean, Some(p)) => {
+            let mut with: Vec<(f64, f64)> = pairs.to_vec();
+            with.push(p);
+            score::power_mean_of(&with, params.temperature, pairs.len())
+        }
+    };
+    (m, mean, agg)
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::reputation::ReputationParams;
+use super::reputation::{Model, ReputationParams};
 use super::score::{Aggregator, TimeUnit};
 use crate::time::{div_euclid, Nanos};
 
@@ -15,6 +15,8 @@ pub struct RubricParams {
     pub variance_threshold: f64,
     pub aggregator: Aggregator,
     pub temperature: f64,
+    /// The rubric's reputation model (contract §15).
+    pub reputation_model: Model,
 }
 
 /// A decay setting scored alongside the configured one (the backtest's

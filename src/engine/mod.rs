@@ -27,7 +27,7 @@ mod config;
 mod update;
 pub use changes::{Change, Voted};
 pub use config::{Decay, EngineConfig, RubricParams};
-pub use update::{Forecast, Learned, Outcome, ScoreUpdate};
+pub use update::{Counted, Forecast, Learned, Outcome, ScoreUpdate};
 
 use crate::input::Id;
 use std::collections::BTreeMap;

@@ -41,6 +41,27 @@ impl Mode {
     }
 }
 
+/// `reputation.model` and `rubrics.<id>.reputation_model`: which model a
+/// rubric's learned weights come from (contract §14 or §15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Model {
+    /// One weight per reviewer, from how far they fall from the others.
+    #[default]
+    Noise,
+    /// A weight per reviewer and side, from how often their pass and their
+    /// flag agree with the others.
+    Confusion,
+}
+
+impl Model {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Model::Noise => "noise",
+            Model::Confusion => "confusion",
+        }
+    }
+}
+
 /// An epoch's number: floor(t / E) over Unix time in nanoseconds.
 pub type Epoch = i128;
 
@@ -56,6 +77,9 @@ pub struct ReputationParams {
     pub noise_floor: f64,
     pub min_weight: f64,
     pub max_weight: f64,
+    /// contract §15's options (used by the rubrics whose model is
+    /// `confusion`).
+    pub confusion: confusion::ConfusionParams,
 }
 
 impl ReputationParams {
@@ -158,6 +182,7 @@ pub fn unit_terms(values: &[f64]) -> Option<Vec<Terms>> {
     }
     let others = (m - 1) as f64;
     let h = fix(1.0 / others);
+    let binary = confusion::counts(values);
     Some(
         values
             .iter()
@@ -167,7 +192,11 @@ pub fn unit_terms(values: &[f64]) -> Option<Vec<Terms>> {
                     n: 1,
                     q: fix(d * d),
                     h,
-                    confusion: confusion::value_terms(s, m, v),
+                    confusion: if binary {
+                        confusion::value_terms(s, m, v)
+                    } else {
+                        ConfusionTerms::default()
+                    },
                 }
             })
             .collect(),
@@ -244,7 +273,8 @@ impl Sealer {
 }
 
 /// One rubric's sums and what they give: τ², and each reviewer's σ̂² and
-/// ω (contract §14 "Tables").
+/// ω (contract §14 "Tables"), and contract §15's table of the same sums
+/// (None while it is empty).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Table {
     pub totals: Terms,
@@ -252,6 +282,7 @@ pub struct Table {
     pub noise_variance: f64,
     /// Every reviewer with N_u ≥ 1: (sums, σ̂², ω).
     pub voters: FxHashMap<Id, Rated>,
+    pub confusion: Option<confusion::ConfusionTable>,
 }
 
 /// A reviewer in a [`Table`].
@@ -278,6 +309,10 @@ impl Table {
             totals.q as f64 / denom as f64
         };
         let flat = totals.n == 0 || totals.q == 0;
+        let confusion = confusion::ConfusionTable::build(
+            &p.confusion,
+            sums.iter().map(|(v, t)| (v.clone(), t.confusion)),
+        );
         let n0 = p.prior_votes;
         let f = p.noise_floor;
         let voters = sums
@@ -303,6 +338,7 @@ impl Table {
             totals,
             noise_variance: tau2,
             voters,
+            confusion,
         }
     }
 

@@ -166,6 +166,12 @@ pub fn power_exponent(temperature: f64) -> f64 {
 
 /// The weighted form of eval-lib's `score_agg` (before its rounding).
 pub fn power_mean(votes: &[(f64, f64)], temperature: f64) -> f64 {
+    power_mean_of(votes, temperature, votes.len())
+}
+
+/// [`power_mean`] whose `k` counts `n` votes: contract §15's prior is one
+/// more value in the sums but not a vote.
+pub fn power_mean_of(votes: &[(f64, f64)], temperature: f64, n: usize) -> f64 {
     let p = power_exponent(temperature);
     let geometric = p.abs() < 1e-12;
     let zero_floor = p < 0.0 || geometric;
@@ -186,7 +192,7 @@ pub fn power_mean(votes: &[(f64, f64)], temperature: f64) -> f64 {
         (acc / weight_sum).powf(1.0 / p)
     };
     let none_frac = none_weight / weight_sum;
-    let n = votes.len() as f64;
+    let n = n as f64;
     let k = (1.5 - temperature) * f64::min(1.0, (n - 1.0) / 4.0);
     m * (1.0 - none_frac).powf(k)
 }

@@ -21,6 +21,7 @@ pub(super) fn cfg() -> EngineConfig {
             variance_threshold: 0.05,
             aggregator: Aggregator::Mean,
             temperature: 0.5,
+            reputation_model: super::reputation::Model::Noise,
         },
         rubrics: HashMap::new(),
         query_index: true,
@@ -32,6 +33,7 @@ pub(super) fn cfg() -> EngineConfig {
             noise_floor: 0.03,
             min_weight: 0.2,
             max_weight: 3.0,
+            confusion: Default::default(),
         },
     }
 }

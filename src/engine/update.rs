@@ -69,6 +69,19 @@ pub struct Learned {
     pub step: f64,
     /// (k − 1)·E: the end of the newest epoch T_k holds.
     pub table_until: Nanos,
+    /// A rubric whose model is `confusion` (contract §15): what each vote
+    /// counted as; `weights` are then its g_i.
+    pub confusion: Option<Counted>,
+}
+
+/// What contract §15's model made of a batch's votes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Counted {
+    /// y_i of each counted vote, in `votes` order: its value, or 1 − its
+    /// value for a side worse than chance.
+    pub values: smallvec::SmallVec<[f64; 4]>,
+    /// The prior (y₀, w₀), when it entered the mean.
+    pub prior: Option<(f64, f64)>,
 }
 
 impl ScoreUpdate {

@@ -113,6 +113,25 @@ fn write_score_updated(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &str) {
         b.f64s_repeated("learned_weights", &l.weights)
             .f64("step", l.step)
             .ts_repeated("table_until", l.table_until);
+        // contract §15: what each vote counted as, and the prior.
+        if let Some(c) = &l.confusion {
+            b.str("model", "confusion");
+            let mut values = b.open_array("counted_as");
+            for &y in &c.values {
+                values.f64("", y);
+            }
+            values.close();
+            match c.prior {
+                Some((value, weight)) => {
+                    let mut p = b.open_object("prior");
+                    p.f64("value", value).f64("weight", weight);
+                    p.close();
+                }
+                None => {
+                    b.null("prior");
+                }
+            }
+        }
     }
     b.close();
     o.opt_f64("effective_votes", u.effective_votes);
@@ -138,6 +157,11 @@ fn write_ambiguity_flagged(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &st
         .f64("mean_vote", u.mean_vote);
     let mut votes = o.open_array("votes");
     let learned = u.learned.as_ref().map(|l| &l.weights);
+    let counted_as = u
+        .learned
+        .as_ref()
+        .and_then(|l| l.confusion.as_ref())
+        .map(|c| &c.values);
     for (i, e) in u.votes.iter().enumerate() {
         let mut v = votes.element_object();
         // `learned` mode: the applied weight r'_i = r_i·ω_i, then ω_i.
@@ -152,6 +176,9 @@ fn write_ambiguity_flagged(out: &mut Vec<u8>, u: &ScoreUpdate, processed_at: &st
         v.ts("timestamp", e.timestamp);
         if let Some(w) = omega {
             v.f64_repeated("learned_weight", w);
+        }
+        if let Some(values) = counted_as {
+            v.f64("counted_as", values[i]);
         }
         v.close();
     }

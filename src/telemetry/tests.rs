@@ -24,6 +24,7 @@ fn update(model: Option<&str>, rubric: &str, ambiguous: bool) -> ScoreUpdate {
             variance_threshold: 0.05,
             aggregator: crate::engine::score::Aggregator::Mean,
             temperature: 0.5,
+            reputation_model: crate::engine::reputation::Model::Noise,
         },
         window_seconds: 60.0,
         window_start: 0,
@@ -474,6 +475,7 @@ fn learned_weights_are_observed_per_capped_rubric() {
         weights: weights.iter().copied().collect(),
         step: 0.5,
         table_until: 0,
+        confusion: None,
     };
     for (model, rubric, weights) in [
         ("a", "r", &[0.25, 1.0][..]),

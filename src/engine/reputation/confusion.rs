@@ -12,15 +12,19 @@ use rustc_hash::FxHashMap;
 use super::{fix, unfix};
 use crate::input::Id;
 
-/// What a reviewer's values in sealed units add up to under §15: `c`
-/// values, `p` = Σ fix(o), `a` = Σ fix(o·v), `b` = Σ fix((1 − o)(1 − v)),
-/// o being the others' unweighted mean.
+/// What a reviewer's values in sealed units of 0/1 values add up to under
+/// §15: `c` values, `p` = Σ fix(o), `a` = Σ fix(o·v),
+/// `b` = Σ fix((1 − o)(1 − v)), o being the others' unweighted mean, and
+/// over the units of three or more: `c3` values and `t3` = Σ fix(v·r), r
+/// the share of the pairs of others who both passed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConfusionTerms {
     pub c: u64,
     pub p: u128,
     pub a: u128,
     pub b: u128,
+    pub c3: u64,
+    pub t3: u128,
 }
 
 impl ConfusionTerms {
@@ -29,6 +33,8 @@ impl ConfusionTerms {
         self.p = self.p.saturating_add(o.p);
         self.a = self.a.saturating_add(o.a);
         self.b = self.b.saturating_add(o.b);
+        self.c3 = self.c3.saturating_add(o.c3);
+        self.t3 = self.t3.saturating_add(o.t3);
     }
 
     /// F = c·2⁴⁰ − p: the expected true flags, in fixed point.
@@ -37,23 +43,37 @@ impl ConfusionTerms {
     }
 }
 
-/// The §15 terms of one value `v` in a unit of `m` ≥ 2 values whose sum
-/// (in `voter_id` byte order, §14) is `s`.
+/// Whether a unit's values make §15 terms: all 0 or 1.
+pub fn counts(values: &[f64]) -> bool {
+    values.iter().all(|&v| v == 0.0 || v == 1.0)
+}
+
+/// The §15 terms of one value `v` in a unit of `m` ≥ 2 values, all 0 or
+/// 1 ([`counts`]), whose sum (in `voter_id` byte order, §14) is `s`.
 pub fn value_terms(s: f64, m: usize, v: f64) -> ConfusionTerms {
-    let o = ((s - v) / (m - 1) as f64).clamp(0.0, 1.0);
+    let k = s - v;
+    let o = (k / (m - 1) as f64).clamp(0.0, 1.0);
+    let (c3, t3) = if m >= 3 {
+        let pairs = ((m - 1) * (m - 2)) as f64;
+        (1, fix(v * ((k * (k - 1.0)) / pairs)))
+    } else {
+        (0, 0)
+    };
     ConfusionTerms {
         c: 1,
         p: fix(o),
         a: fix(o * v),
         b: fix((1.0 - o) * (1.0 - v)),
+        c3,
+        t3,
     }
 }
 
 /// The §15 terms of one unit's values, given in `voter_id` byte order:
-/// one per value, or none when fewer than two (not a unit).
+/// one per value, or none when fewer than two or not all 0 or 1.
 pub fn unit_terms(values: &[f64]) -> Option<Vec<ConfusionTerms>> {
     let m = values.len();
-    if m < 2 {
+    if m < 2 || !counts(values) {
         return None;
     }
     let mut s = 0.0;
@@ -97,10 +117,29 @@ pub struct Sides {
     pub flag_weight: f64,
 }
 
+/// Where a table's rates come from (contract §15 "Tables").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RatesFrom {
+    /// The agreement moments identified them.
+    Moments,
+    /// The others' mean, when the moments do not.
+    Mean,
+}
+
+impl RatesFrom {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RatesFrom::Moments => "moments",
+            RatesFrom::Mean => "mean",
+        }
+    }
+}
+
 /// One rubric's non-empty §15 table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfusionTable {
     pub totals: ConfusionTerms,
+    pub rates_from: RatesFrom,
     /// π.
     pub base_rate: f64,
     /// The rubric's se and sp.
@@ -116,12 +155,67 @@ pub struct ConfusionTable {
     pub unseen: Sides,
 }
 
-/// λ⁺ and λ⁻ of shrunk, clamped rates.
+/// A reviewer's shrunk, clamped rates and their λ⁺ and λ⁻.
 struct Rates {
     se: f64,
     sp: f64,
     pass: f64,
     flag: f64,
+}
+
+impl Rates {
+    fn of(se: f64, sp: f64) -> Rates {
+        Rates {
+            se,
+            sp,
+            pass: (se / (1.0 - sp)).ln(),
+            flag: (sp / (1.0 - se)).ln(),
+        }
+    }
+}
+
+/// (x + n₀·prior) / (n + n₀) clamped to [ε, 1 − ε], or the prior clamped
+/// when the denominator is 0.
+fn shrunk(x: f64, n: f64, n0: f64, prior: f64, eps: f64) -> f64 {
+    let r = if n + n0 == 0.0 {
+        prior
+    } else {
+        (x + n0 * prior) / (n + n0)
+    };
+    r.clamp(eps, 1.0 - eps)
+}
+
+/// The rubric's rates from the agreement moments (contract §15): (x, y,
+/// π) with x = se and y = 1 − sp, or None when they are not identified.
+pub fn moment_rates(totals: &ConfusionTerms, eps: f64) -> Option<(f64, f64, f64)> {
+    if totals.c3 == 0 {
+        return None;
+    }
+    let c = totals.c as f64;
+    let m1 = unfix(totals.p) / c;
+    let m2 = unfix(totals.a) / c;
+    let m3 = unfix(totals.t3) / totals.c3 as f64;
+    let v = m2 - m1 * m1;
+    if !(v > 0.0 && v * c.sqrt() >= 1.0) {
+        return None;
+    }
+    let e1 = (m3 - m1 * m2) / v;
+    let e2 = (m1 * m3 - m2 * m2) / v;
+    let d = e1 * e1 - 4.0 * e2;
+    if !(d > 0.0) {
+        return None;
+    }
+    let r = d.sqrt();
+    let (x, y) = ((e1 + r) / 2.0, (e1 - r) / 2.0);
+    if !(y >= -0.05 && x <= 1.05) {
+        return None;
+    }
+    let (x, y) = (x.clamp(eps, 1.0 - eps), y.clamp(eps, 1.0 - eps));
+    if !(x > y) {
+        return None;
+    }
+    let pi = (m1 - y) / (x - y);
+    (pi > 0.0 && pi < 1.0).then_some((x, y, pi))
 }
 
 impl ConfusionTable {
@@ -143,40 +237,56 @@ impl ConfusionTable {
         if totals.c == 0 || totals.p == 0 || flags == 0 {
             return None;
         }
-        let p_bar = unfix(totals.p);
-        let f_bar = unfix(flags);
-        let pi = totals.p as f64 / (u128::from(totals.c) << 40) as f64;
-        let se = unfix(totals.a) / p_bar;
-        let sp = unfix(totals.b) / f_bar;
         let n0 = params.prior_votes;
         let eps = params.rate_floor;
-        let rates = |t: &ConfusionTerms| {
-            let p_u = unfix(t.p);
-            let f_u = unfix(t.flags());
-            let shrunk = |x: f64, n: f64, rubric: f64| {
-                let r = if n + n0 == 0.0 {
-                    rubric
-                } else {
-                    (x + n0 * rubric) / (n + n0)
-                };
-                r.clamp(eps, 1.0 - eps)
+        let c = totals.c as f64;
+        let (rates_from, pi, se, sp, prior_rate, rated): (_, _, _, _, _, Vec<(Id, u64, Rates)>) =
+            match moment_rates(&totals, eps) {
+                Some((x, y, pi)) => {
+                    let d = x - y;
+                    let rated = sums
+                        .into_iter()
+                        .map(|(v, t)| {
+                            let c_u = t.c as f64;
+                            let (p_u, a_u, b_u) = (unfix(t.p), unfix(t.a), unfix(t.b));
+                            let n1 = ((p_u - c_u * y) / d).clamp(0.0, c_u);
+                            let n0_u = c_u - n1;
+                            let right_passes =
+                                (((a_u - n0_u * y) * (1.0 - y) + y * (b_u - n1 * (1.0 - x))) / d)
+                                    .clamp(0.0, n1);
+                            let right_flags =
+                                ((x * (b_u - n1 * (1.0 - x)) + (1.0 - x) * (a_u - n0_u * y)) / d)
+                                    .clamp(0.0, n0_u);
+                            let se_u = shrunk(right_passes, n1, n0, x, eps);
+                            let sp_u = shrunk(right_flags, n0_u, n0, 1.0 - y, eps);
+                            (v, t.c, Rates::of(se_u, sp_u))
+                        })
+                        .collect();
+                    let prior_rate = (c * pi + n0 / 2.0) / (c + n0);
+                    (RatesFrom::Moments, pi, x, 1.0 - y, prior_rate, rated)
+                }
+                None => {
+                    let p_bar = unfix(totals.p);
+                    let pi = totals.p as f64 / (u128::from(totals.c) << 40) as f64;
+                    let se = unfix(totals.a) / p_bar;
+                    let sp = unfix(totals.b) / unfix(flags);
+                    let rated = sums
+                        .into_iter()
+                        .map(|(v, t)| {
+                            let se_u = shrunk(unfix(t.a), unfix(t.p), n0, se, eps);
+                            let sp_u = shrunk(unfix(t.b), unfix(t.flags()), n0, sp, eps);
+                            (v, t.c, Rates::of(se_u, sp_u))
+                        })
+                        .collect();
+                    let prior_rate = (p_bar + n0 / 2.0) / (c + n0);
+                    (RatesFrom::Mean, pi, se, sp, prior_rate, rated)
+                }
             };
-            let se_u = shrunk(unfix(t.a), p_u, se);
-            let sp_u = shrunk(unfix(t.b), f_u, sp);
-            Rates {
-                se: se_u,
-                sp: sp_u,
-                pass: (se_u / (1.0 - sp_u)).ln(),
-                flag: (sp_u / (1.0 - se_u)).ln(),
-            }
-        };
-        let rated: Vec<(Id, u64, Rates)> =
-            sums.into_iter().map(|(v, t)| (v, t.c, rates(&t))).collect();
         let mut s = 0.0;
-        for (_, c, r) in &rated {
-            s += *c as f64 * (pi * f64::max(r.pass, 0.0) + (1.0 - pi) * f64::max(r.flag, 0.0));
+        for (_, c_u, r) in &rated {
+            s += *c_u as f64 * (pi * f64::max(r.pass, 0.0) + (1.0 - pi) * f64::max(r.flag, 0.0));
         }
-        let s = s / totals.c as f64;
+        let s = s / c;
         if !(s > 0.0) {
             return None;
         }
@@ -188,15 +298,21 @@ impl ConfusionTable {
             pass_weight: (r.pass / s).clamp(-m, m),
             flag_weight: (r.flag / s).clamp(-m, m),
         };
-        let unseen = sides(0, &rates(&ConfusionTerms::default()));
-        let voters = rated.iter().map(|(v, c, r)| (v.clone(), sides(*c, r))).collect();
-        let prior_rate = (p_bar + n0 / 2.0) / (totals.c as f64 + n0);
+        let unseen = sides(
+            0,
+            &Rates::of(se.clamp(eps, 1.0 - eps), sp.clamp(eps, 1.0 - eps)),
+        );
+        let voters = rated
+            .iter()
+            .map(|(v, c, r)| (v.clone(), sides(*c, r)))
+            .collect();
         let prior = (
             if prior_rate > 0.5 { 1.0 } else { 0.0 },
             f64::min((prior_rate / (1.0 - prior_rate)).ln().abs() / s, m),
         );
         Some(ConfusionTable {
             totals,
+            rates_from,
             base_rate: pi,
             sensitivity: se,
             specificity: sp,

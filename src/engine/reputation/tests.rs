@@ -9,6 +9,7 @@ fn params(prior_votes: f64) -> ReputationParams {
         noise_floor: 0.03,
         min_weight: 0.2,
         max_weight: 3.0,
+        confusion: confusion::ConfusionParams::default(),
     }
 }
 
@@ -94,15 +95,18 @@ fn abstentions_and_lone_values_make_no_unit() {
     let d = out[&("tone".into(), "d".into())];
     assert_eq!((d.n, d.q, d.h), (1, fix(1.0), fix(1.0)));
     // d's 1 against f's 0: o = 0, so nothing towards p or a, and b 0.
-    assert_eq!(d.confusion, confusion::ConfusionTerms { c: 1, p: 0, a: 0, b: 0 });
+    assert_eq!(
+        d.confusion,
+        confusion::ConfusionTerms {
+            c: 1,
+            ..Default::default()
+        }
+    );
 }
 
 #[test]
 fn an_agreeing_rubric_gives_everyone_one() {
-    let terms = [(
-        Id::from("a"),
-        Terms::noise(4, 0, fix(2.0)),
-    )];
+    let terms = [(Id::from("a"), Terms::noise(4, 0, fix(2.0)))];
     assert_eq!(Table::build(&params(2.0), terms).weight("a"), 1.0);
 }
 
@@ -117,12 +121,7 @@ fn tables_hold_epochs_up_to_k_minus_two_and_fold() {
     assert_eq!(tables.table(&p, &r, 11).weight("a"), 1.0);
     assert!(close(tables.table(&p, &r, 12).weight("c"), 0.547739));
     // A delta of epoch 11 enters T_13, not T_12 (built already).
-    tables.add(
-        &r,
-        11,
-        &c,
-        &Terms::noise(5, fix(0.0), fix(5.0)),
-    );
+    tables.add(&r, 11, &c, &Terms::noise(5, fix(0.0), fix(5.0)));
     assert!(close(tables.table(&p, &r, 12).weight("c"), 0.547739));
     let t13 = tables.table(&p, &r, 13);
     assert!(t13.weight("c") > 0.547739);

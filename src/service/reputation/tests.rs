@@ -15,6 +15,8 @@ fn terms(n: u64) -> Terms {
             p: n as u128 * 5,
             a: n as u128 * 2,
             b: n as u128,
+            c3: n,
+            t3: n as u128 * 3,
         },
     }
 }

@@ -152,20 +152,21 @@ pub fn decode_open_unit(v: &[u8]) -> Result<Option<Vec<(Id, OpenValue)>>, Format
 /// A sealed delta of formats 8 to 11 (contract §14): n, q, h.
 type TermsL11 = (u64, u128, u128);
 
-/// A sealed delta (format 12 on): n, q, h, then contract §15's c, p, a, b.
-pub(super) type TermsL = (u64, u128, u128, u64, u128, u128, u128);
+/// A sealed delta (format 12 on): n, q, h, then contract §15's c, p, a,
+/// b, c3, t3.
+pub(super) type TermsL = (u64, u128, u128, (u64, u128, u128, u128, u64, u128));
 
 pub(super) fn terms_layout(t: &Terms) -> TermsL {
     let c = &t.confusion;
-    (t.n, t.q, t.h, c.c, c.p, c.a, c.b)
+    (t.n, t.q, t.h, (c.c, c.p, c.a, c.b, c.c3, c.t3))
 }
 
-pub(super) fn terms_of((n, q, h, c, p, a, b): TermsL) -> Terms {
+pub(super) fn terms_of((n, q, h, (c, p, a, b, c3, t3)): TermsL) -> Terms {
     Terms {
         n,
         q,
         h,
-        confusion: ConfusionTerms { c, p, a, b },
+        confusion: ConfusionTerms { c, p, a, b, c3, t3 },
     }
 }
 

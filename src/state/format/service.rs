@@ -177,7 +177,10 @@ pub fn decode_topic_delta(v: &[u8]) -> Result<Vec<(Id, Terms)>, FormatError> {
             .collect());
     }
     let rows: Vec<TopicRowL> = postcard::from_bytes(bytes).map_err(layout)?;
-    Ok(rows.into_iter().map(|(voter, t)| (voter, terms_of(t))).collect())
+    Ok(rows
+        .into_iter()
+        .map(|(voter, t)| (voter, terms_of(t)))
+        .collect())
 }
 
 /// A seal record's value: the newest epoch the partition has sealed.

@@ -208,6 +208,8 @@ fn layouts() -> Vec<(&'static str, Vec<u8>)> {
             p: 1 << 41,
             a: 1 << 40,
             b: 77,
+            c3: 2,
+            t3: 1 << 39,
         },
     };
     let v = encode_terms(&terms);

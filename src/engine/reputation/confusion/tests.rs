@@ -58,14 +58,35 @@ fn check_1_sums() {
         assert_close!(unfix(t.a), a);
         assert_close!(unfix(t.b), b);
     }
-    // The first item: every o is 1, so p 1, a 1 and b 0 exactly.
+    // The first item: every o is 1, so p 1, a 1 and b 0 exactly, and
+    // every pair of others passed with each reviewer (t3 1).
     let first = unit_terms(&HOUR_ZERO[0]).unwrap();
-    assert!(first.iter().all(|t| *t == ConfusionTerms { c: 1, p: 1 << 40, a: 1 << 40, b: 0 }));
+    let all_pass = ConfusionTerms {
+        c: 1,
+        p: 1 << 40,
+        a: 1 << 40,
+        b: 0,
+        c3: 1,
+        t3: 1 << 40,
+    };
+    assert!(first.iter().all(|t| *t == all_pass));
+    for voter in VOTERS {
+        assert_eq!((sums[voter].c3, sums[voter].t3), (5, 1 << 40), "{voter}");
+    }
+    // A unit with a graded value adds nothing; a unit of two no triples.
+    assert_eq!(unit_terms(&[1.0, 0.7, 0.0]), None);
+    assert!(unit_terms(&[1.0, 0.0])
+        .unwrap()
+        .iter()
+        .all(|t| t.c3 == 0 && t.t3 == 0));
 }
 
 #[test]
 fn check_2_table() {
     let t = table();
+    // V·√C = 0.328 < 1: the moments do not identify the rates.
+    assert_eq!(moment_rates(&t.totals, 0.02), None);
+    assert_eq!(t.rates_from, RatesFrom::Mean);
     assert_eq!(t.totals.c, 20);
     assert_close!(t.base_rate, 0.4);
     assert_close!(t.sensitivity, 0.583333);
@@ -178,7 +199,10 @@ fn a_side_worse_than_chance_counts_for_the_other() {
         .collect();
     let t = ConfusionTable::build(&ConfusionParams::default(), sums_of(&units)).unwrap();
     let adversary = t.sides("l");
-    assert!(adversary.pass_weight < 0.0 && adversary.flag_weight < 0.0, "{adversary:?}");
+    assert!(
+        adversary.pass_weight < 0.0 && adversary.flag_weight < 0.0,
+        "{adversary:?}"
+    );
     let (y, g) = t.counted("l", 1.0, 1.0);
     assert_eq!(y, 0.0);
     assert_eq!(g, -adversary.pass_weight);
@@ -198,7 +222,10 @@ fn graded_values_keep_the_noise_weight() {
 
 #[test]
 fn no_evidence_no_mean() {
-    assert_eq!(mean_with_prior(&[(1.0, 0.0), (0.0, 0.0)], Some((0.0, 0.4))), None);
+    assert_eq!(
+        mean_with_prior(&[(1.0, 0.0), (0.0, 0.0)], Some((0.0, 0.4))),
+        None
+    );
     assert_eq!(mean_with_prior(&[(1.0, 2.0)], Some((0.0, 0.0))), Some(1.0));
     assert_eq!(mean_with_prior(&[(1.0, 1.0)], None), Some(1.0));
 }
@@ -236,4 +263,51 @@ fn rates_stay_inside_the_floor() {
     assert_close!(s.pass_weight, 1.0);
     assert_close!(s.flag_weight, 1.0);
     assert!(s.pass_weight <= p.max_weight);
+}
+
+/// Check 6: rubric `format`, a, b and c on 40 items.
+#[test]
+fn check_6_rates_from_the_moments() {
+    let items: [([f64; 3], usize); 8] = [
+        ([1.0, 1.0, 1.0], 6),
+        ([1.0, 1.0, 0.0], 1),
+        ([1.0, 0.0, 1.0], 1),
+        ([0.0, 1.0, 1.0], 1),
+        ([1.0, 0.0, 0.0], 2),
+        ([0.0, 1.0, 0.0], 2),
+        ([0.0, 0.0, 1.0], 2),
+        ([0.0, 0.0, 0.0], 25),
+    ];
+    let mut sums: FxHashMap<Id, ConfusionTerms> = FxHashMap::default();
+    for (unit, n) in items {
+        for _ in 0..n {
+            for (voter, t) in ["a", "b", "c"].iter().zip(unit_terms(&unit).unwrap()) {
+                sums.entry(Id::from(*voter)).or_default().add(&t);
+            }
+        }
+    }
+    let a = sums["a"];
+    assert_eq!((a.c, a.c3), (40, 40));
+    assert_close!(unfix(a.p), 10.0);
+    assert_close!(unfix(a.a), 7.0);
+    assert_close!(unfix(a.b), 27.0);
+    assert_close!(unfix(a.t3), 6.0);
+    let t = ConfusionTable::build(&ConfusionParams::default(), sums).unwrap();
+    assert_eq!(t.rates_from, RatesFrom::Moments);
+    assert_close!(t.base_rate, 0.223842);
+    assert_close!(t.sensitivity, 0.874569);
+    assert_close!(t.specificity, 0.930124);
+    assert_close!(t.evidence_scale, 2.120731);
+    for voter in ["a", "b", "c"] {
+        let s = t.sides(voter);
+        assert_close!(s.sensitivity, 0.874569);
+        assert_close!(s.specificity, 0.930124);
+        assert_close!(s.pass_weight, 1.191576);
+        assert_close!(s.flag_weight, 0.944750);
+    }
+    assert_eq!(t.prior.0, 0.0);
+    assert_close!(t.prior.1, 0.556841);
+    let (m, _, _, s) = score(&t, &[("a", 1.0, 1.0)]);
+    assert_close!(m, 0.681517);
+    assert_close!(s, 0.681517);
 }
