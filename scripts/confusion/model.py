@@ -12,8 +12,9 @@ Methods (see README.md for the formulas):
   unweighted      every weight 1, no prior
   noise           the section-14 noise model (omega per reviewer)
   conf            the class-conditional ("confusion") model; options:
-      ref     'mean' (others' unweighted mean) or 'fed' (others' posterior
-              under the table in force for the unit's own epoch)
+      ref     'mean' (others' unweighted mean), 'fed' (others' posterior
+              under the table in force for the unit's own epoch) or 'mom'
+              (others' mean, rates de-attenuated by agreement moments)
       inv     True: a side worse than chance counts inverted; False: it
               counts for nothing
       unseen  'a': a reviewer with no units gets weight 1 on both sides;
@@ -23,6 +24,11 @@ Methods (see README.md for the formulas):
               'wmean' (the others' weighted mean exactly as in scoring)
       ref_noinv    fed reference clamps lambda >= 0
       ref_noprior  fed reference leaves the prior out
+      graded  'batch' (default): confusion sums and weights only for batches
+              whose votes are all 0 or 1, other batches keep omega; 'vote':
+              per vote, 0/1 votes always get confusion weights
+      zmin    'mom' reference: identification guard (see moments_rates)
+      prior_scale  multiplies the prior pseudo-vote's weight (1 = as specified)
       check   None or a factor F: in epoch k the fed table is used (for
               scoring and for the reference) only if the unweighted-
               reference table has se_R + sp_R > 1 and the fed and
@@ -176,10 +182,21 @@ def conf_table_mom(c, p, a, b, t3, c3, unseen="a", cap=None, inv=True, zmin=0.0)
 
 # ---------------------------------------------------------- per-vote maps
 
-def conf_vote_weights(tab, worker, x, omega):
-    """(value, weight, is_binary) per vote under a confusion table."""
+def conf_vote_weights(tab, worker, x, omega, batch_binary=None):
+    """(value, weight, is_binary) per vote under a confusion table.
+
+    batch_binary (per vote): the vote's batch has only 0/1 votes. When
+    given, the confusion weights apply only in such batches and every vote
+    of a batch with a graded value keeps the noise model's omega (graded
+    mode 'batch'); when None, per vote: 0/1 votes get the confusion weights,
+    values inside (0, 1) omega (graded mode 'vote').
+    """
     binary = (x == 0.0) | (x == 1.0)
-    if tab is None:
+    if batch_binary is not None:
+        if tab is None:
+            return x.copy(), np.where(batch_binary, 1.0, omega[worker]), binary
+        binary = binary & batch_binary
+    elif tab is None:
         return x.copy(), np.ones_like(x), binary
     w_side = np.where(x == 1.0, tab["wp"][worker], tab["wm"][worker])
     val = np.where(binary, np.where(w_side >= 0, x, 1.0 - x), x)
@@ -195,7 +212,7 @@ def group_sum(idx, vals, n):
 
 def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean", inv=True,
         unseen="a", cap=None, fed_mode="post", ref_noinv=False, ref_noprior=False, check=None,
-        prior_scale=1.0, zmin=0.0, return_info=False):
+        prior_scale=1.0, zmin=0.0, graded="batch", return_info=False):
     """Scores every item once (its batch); returns S per item (nan if no votes)."""
     item = np.asarray(item)
     worker = np.asarray(worker)
@@ -269,7 +286,8 @@ def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean
             prior_w = np.zeros(ni)
             prior_v = np.zeros(ni)
         else:
-            val, w, binary = conf_vote_weights(tab, wk, xv, omega)
+            val, w, binary = conf_vote_weights(tab, wk, xv, omega,
+                                               allbin_item[loc] if graded == "batch" else None)
             if tab is None:
                 prior_w = np.zeros(ni)
                 prior_v = np.zeros(ni)
@@ -287,14 +305,16 @@ def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean
         # --- this epoch's unit sums
         d = xv - o_mean
         u = unit.astype(float)
+        # confusion sums: in graded mode 'batch' only from units with only 0/1 votes
+        uc = u * allbin_item[loc] if graded == "batch" else u
         pe = dict(n=group_sum(wk, u, W), q=group_sum(wk, u * d * d, W),
                   h=group_sum(wk, u / np.maximum(mv - 1, 1), W))
         if method == "conf":
-            pe.update(c=group_sum(wk, u, W), p=group_sum(wk, u * o_mean, W),
-                      a=group_sum(wk, u * o_mean * xv, W),
-                      b=group_sum(wk, u * (1 - o_mean) * (1 - xv), W))
+            pe.update(c=group_sum(wk, uc, W), p=group_sum(wk, uc * o_mean, W),
+                      a=group_sum(wk, uc * o_mean * xv, W),
+                      b=group_sum(wk, uc * (1 - o_mean) * (1 - xv), W))
             if ref == "mom":
-                u3 = (mv >= 3).astype(float)
+                u3 = (mv >= 3).astype(float) * (uc > 0)
                 so = Ssum[loc] - xv  # others' sum
                 so2 = group_sum(loc, xv * xv, ni)[loc] - xv * xv
                 r3 = np.where(mv >= 3, (so * so - so2) / np.maximum((mv - 1) * (mv - 2), 1), 0.0)
@@ -305,9 +325,9 @@ def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean
                                         ref_noinv, ref_noprior, o_mean, unit)
                 else:
                     o_f = o_mean
-                pe.update(cf=pe["c"], pf=group_sum(wk, u * o_f, W),
-                          af=group_sum(wk, u * o_f * xv, W),
-                          bf=group_sum(wk, u * (1 - o_f) * (1 - xv), W))
+                pe.update(cf=pe["c"], pf=group_sum(wk, uc * o_f, W),
+                          af=group_sum(wk, uc * o_f * xv, W),
+                          bf=group_sum(wk, uc * (1 - o_f) * (1 - xv), W))
         per_epoch[k] = pe
     if return_info:
         return S, info
@@ -364,6 +384,7 @@ VARIANTS = {
     # others'-mean reference
     "mean": dict(method="conf", ref="mean", inv=False),
     "mean+inv": dict(method="conf", ref="mean", inv=True),
+    "mean+inv/graded-per-vote": dict(method="conf", ref="mean", inv=True, graded="vote"),
     "mean+inv/unseen-b": dict(method="conf", ref="mean", inv=True, unseen="b"),
     "mean+inv/cap3": dict(method="conf", ref="mean", inv=True, cap=3.0),
     "mean+inv/cap10": dict(method="conf", ref="mean", inv=True, cap=10.0),
