@@ -257,9 +257,19 @@ def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean
                                          unseen, cap, inv, zmin)
                 info["check_epochs"] += 1
                 info["check_fail"] += int(tab_unw is None or not tab_unw["mom"])
+            elif ref == "hyb":
+                tab_m = conf_table_mom(tot["c"], tot["p"], tot["a"], tot["b"], tot["t3"], tot["c3"],
+                                       unseen, cap, inv, zmin)
+                if tab_m is not None and tab_m["mom"]:
+                    tab_unw = tab_m
+                else:
+                    tab_unw = conf_table(tot["c"], tot["p"], tot["a"], tot["b"], unseen, cap, inv)
             else:
                 tab_unw = conf_table(tot["c"], tot["p"], tot["a"], tot["b"], unseen, cap, inv)
-            if ref == "fed":
+            if ref == "hyb" and tab_unw is not None and tab_unw.get("mom"):
+                tab = tab_unw
+                use_fed = True  # fed sums: posterior under the moment table
+            elif ref in ("fed", "hyb"):
                 tab_fed = conf_table(tot["cf"], tot["pf"], tot["af"], tot["bf"], unseen, cap, inv)
                 use_fed = tab_fed is not None
                 if use_fed and check is not None:
@@ -313,13 +323,13 @@ def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean
             pe.update(c=group_sum(wk, uc, W), p=group_sum(wk, uc * o_mean, W),
                       a=group_sum(wk, uc * o_mean * xv, W),
                       b=group_sum(wk, uc * (1 - o_mean) * (1 - xv), W))
-            if ref == "mom":
+            if ref in ("mom", "hyb"):
                 u3 = (mv >= 3).astype(float) * (uc > 0)
                 so = Ssum[loc] - xv  # others' sum
                 so2 = group_sum(loc, xv * xv, ni)[loc] - xv * xv
                 r3 = np.where(mv >= 3, (so * so - so2) / np.maximum((mv - 1) * (mv - 2), 1), 0.0)
                 pe.update(t3=group_sum(wk, u3 * r3 * xv, W), c3=group_sum(wk, u3, W))
-            if ref == "fed":
+            if ref in ("fed", "hyb"):
                 if use_fed:
                     o_f = fed_reference(tab, loc, ni, wk, xv, val, w, allbin_item, fed_mode,
                                         ref_noinv, ref_noprior, o_mean, unit)
@@ -384,11 +394,11 @@ VARIANTS = {
     # others'-mean reference
     "mean": dict(method="conf", ref="mean", inv=False),
     "mean+inv": dict(method="conf", ref="mean", inv=True),
-    "mean+inv/graded-per-vote": dict(method="conf", ref="mean", inv=True, graded="vote"),
     "mean+inv/unseen-b": dict(method="conf", ref="mean", inv=True, unseen="b"),
     "mean+inv/cap3": dict(method="conf", ref="mean", inv=True, cap=3.0),
     "mean+inv/cap10": dict(method="conf", ref="mean", inv=True, cap=10.0),
     "mean+inv/noprior": dict(method="conf", ref="mean", inv=True, prior_scale=0.0),
+    "mean+inv/graded-per-vote": dict(method="conf", ref="mean", inv=True, graded="vote"),
     # fed (posterior) reference and its guards
     "fed": dict(method="conf", ref="fed", inv=True),
     "fed/wmean": dict(method="conf", ref="fed", inv=True, fed_mode="wmean"),
@@ -396,7 +406,7 @@ VARIANTS = {
     "fed/noprior-ref": dict(method="conf", ref="fed", inv=True, ref_noprior=True),
     "fed/check2": dict(method="conf", ref="fed", inv=True, check=2.0),
     "fed/noinv-ref+check2": dict(method="conf", ref="fed", inv=True, ref_noinv=True, check=2.0),
-    # others'-mean reference de-attenuated by agreement moments
+    # others'-mean reference de-attenuated by agreement moments ("mom")
     "mom+inv/noguard": dict(method="conf", ref="mom", inv=True),
     "mom/z1": dict(method="conf", ref="mom", inv=False, zmin=1.0),
     "mom+inv/z1": dict(method="conf", ref="mom", inv=True, zmin=1.0),
@@ -404,5 +414,15 @@ VARIANTS = {
     "mom+inv/z1/cap3": dict(method="conf", ref="mom", inv=True, zmin=1.0, cap=3.0),
     "mom+inv/z1/cap10": dict(method="conf", ref="mom", inv=True, zmin=1.0, cap=10.0),
     "mom+inv/z1.6": dict(method="conf", ref="mom", inv=True, zmin=1.6),
-    "mom+inv/z2": dict(method="conf", ref="mom", inv=True, zmin=2.0),
+    # hybrid: the moment table where identified, else the fed table (checked), else mean
+    "hyb/z1": dict(method="conf", ref="hyb", inv=True, zmin=1.0, check=2.0),
+    "hyb/z1/nocheck": dict(method="conf", ref="hyb", inv=True, zmin=1.0),
+    "hyb/z1/wmean": dict(method="conf", ref="hyb", inv=True, zmin=1.0, check=2.0, fed_mode="wmean"),
+    "hyb/z1/wmean/unseen-b": dict(method="conf", ref="hyb", inv=True, zmin=1.0, check=2.0,
+                                  fed_mode="wmean", unseen="b"),
+    "hyb/z1/wmean/cap3": dict(method="conf", ref="hyb", inv=True, zmin=1.0, check=2.0,
+                              fed_mode="wmean", cap=3.0),
+    "hyb/z1/wmean/cap10": dict(method="conf", ref="hyb", inv=True, zmin=1.0, check=2.0,
+                               fed_mode="wmean", cap=10.0),
+    "hyb/z1.6/wmean": dict(method="conf", ref="hyb", inv=True, zmin=1.6, check=2.0, fed_mode="wmean"),
 }
