@@ -29,7 +29,10 @@ Methods (see README.md for the formulas):
               per vote, 0/1 votes always get confusion weights
       zmin    'mom' reference: identification guard (see moments_rates)
       prior_scale  multiplies the prior pseudo-vote's weight (1 = as specified)
-      check   None or a factor F: in epoch k the fed table is used (for
+      truth   per-item truth, only for ref='truth' (the oracle reference:
+              the true class in place of o_i; a ceiling, not a model)
+      check   'se': the fed table is used only if it and the mean-reference
+              table both have se_R + sp_R > 1; or a factor F: in epoch k the fed table is used (for
               scoring and for the reference) only if the unweighted-
               reference table has se_R + sp_R > 1 and the fed and
               unweighted base rates pi and 1 - pi agree within F;
@@ -212,7 +215,7 @@ def group_sum(idx, vals, n):
 
 def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean", inv=True,
         unseen="a", cap=None, fed_mode="post", ref_noinv=False, ref_noprior=False, check=None,
-        prior_scale=1.0, zmin=0.0, graded="batch", return_info=False):
+        prior_scale=1.0, zmin=0.0, graded="batch", truth=None, return_info=False):
     """Scores every item once (its batch); returns S per item (nan if no votes)."""
     item = np.asarray(item)
     worker = np.asarray(worker)
@@ -244,6 +247,8 @@ def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean
         mv = m[loc]
         unit = mv >= 2
         o_mean = np.where(unit, (Ssum[loc] - xv) / np.maximum(mv - 1, 1), 0.0)
+        if ref == "truth":  # oracle: the true class as the reference (a ceiling, not a model)
+            o_mean = np.where(unit, np.asarray(truth, dtype=float)[it], 0.0)
         allbin_item = group_sum(loc, ((xv == 0.0) | (xv == 1.0)).astype(float), ni) == m
         omega = noise_weights(tot["n"], tot["q"], tot["h"])
 
@@ -275,7 +280,9 @@ def run(item, worker, x, item_time, n_items, n_workers, method="conf", ref="mean
                 if use_fed and check is not None:
                     info["check_epochs"] += 1
                     ok = tab_unw is not None and tab_unw["seR"] + tab_unw["spR"] > 1
-                    if ok:
+                    if ok and check == "se":
+                        ok = tab_fed["seR"] + tab_fed["spR"] > 1
+                    elif ok:
                         r1 = tab_fed["pi"] / tab_unw["pi"]
                         r0 = (1 - tab_fed["pi"]) / (1 - tab_unw["pi"])
                         ok = (1 / check <= r1 <= check) and (1 / check <= r0 <= check)
@@ -424,5 +431,11 @@ VARIANTS = {
                               fed_mode="wmean", cap=3.0),
     "hyb/z1/wmean/cap10": dict(method="conf", ref="hyb", inv=True, zmin=1.0, check=2.0,
                                fed_mode="wmean", cap=10.0),
+    "fed/checkse": dict(method="conf", ref="fed", inv=True, check="se"),
+    "fed/wmean/checkse": dict(method="conf", ref="fed", inv=True, check="se", fed_mode="wmean"),
+    "hyb/z1/checkse": dict(method="conf", ref="hyb", inv=True, zmin=1.0, check="se"),
+    "hyb/z1/wmean/checkse": dict(method="conf", ref="hyb", inv=True, zmin=1.0, check="se",
+                                 fed_mode="wmean"),
+    "oracle-ref": dict(method="conf", ref="truth", inv=True),
     "hyb/z1.6/wmean": dict(method="conf", ref="hyb", inv=True, zmin=1.6, check=2.0, fed_mode="wmean"),
 }

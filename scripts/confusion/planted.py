@@ -212,7 +212,7 @@ def main():
             D = generate(pop, seed)
             for v in args.variants.split(","):
                 S = model.run(D["item"], D["worker"], D["x"], D["times"], D["n_items"],
-                              D["n_workers"], **model.VARIANTS[v])
+                              D["n_workers"], truth=D["truth"], **model.VARIANTS[v])
                 r.setdefault(v, {})[str(seed)] = 100 * model.accuracy(S, D["truth"])
             if not args.no_crowdkit:
                 for k, acc in crowdkit_acc(D).items():

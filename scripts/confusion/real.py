@@ -91,7 +91,7 @@ def evaluate(D, binary, seeds, variants):
         for seed in seeds:
             times = model.layout_times(D["n_items"], seed)
             S = model.run(D["item"], D["worker"], D["x"], times, D["n_items"], D["n_workers"],
-                          **model.VARIANTS[v])
+                          truth=D["truth"], **model.VARIANTS[v])
             vals.append(100 * model.accuracy(S, D["truth"]) if binary else model.mae(S, D["truth"]))
         res[v] = vals
     return res
