@@ -346,3 +346,51 @@ fn bad_configuration_names_the_key() {
     assert!(String::from_utf8_lossy(&out.stderr)
         .contains("JURYSTREAM_REPUTATION__CONFUSION_RATE_FLOOR"));
 }
+
+/// The `reputation` command shows both models side by side (check 2's
+/// table over hour 0 alone).
+#[test]
+fn the_reputation_command_shows_both_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let hour0: Vec<String> = votes().into_iter().take(20).collect();
+    let path = dir.path().join("hour0.jsonl");
+    std::fs::write(&path, hour0.join("\n") + "\n").unwrap();
+    for model in ["noise", "confusion"] {
+        let cfg = config(dir.path(), "off", model);
+        let out = command()
+            .args(["reputation", "--format", "json", "--config"])
+            .arg(&cfg)
+            .arg("--input")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rubric = &doc["rubrics"][0];
+        assert_eq!(rubric["model"], model);
+        assert_eq!(rubric["rates_from"], "mean");
+        assert_near("base_rate", num(&rubric["base_rate"]), 0.4);
+        assert_near("evidence_scale", num(&rubric["evidence_scale"]), 0.675172);
+        assert_near("prior_weight", num(&rubric["prior_weight"]), -0.478061);
+        let voter = |id: &str| {
+            doc["voters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["voter_id"] == id)
+                .unwrap()
+                .clone()
+        };
+        let (a, l) = (voter("a"), voter("l"));
+        assert_eq!(a["confusion_votes"], 5);
+        assert_near("a sensitivity", num(&a["sensitivity"]), 0.534091);
+        assert_near("a pass_weight", num(&a["pass_weight"]), 1.601354);
+        assert_near("l pass_weight", num(&l["pass_weight"]), 0.533922);
+        assert_near("l flag_weight", num(&l["flag_weight"]), 0.712177);
+        assert!(a["weight"].is_number(), "§14's ω stays");
+    }
+}

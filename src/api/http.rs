@@ -447,16 +447,28 @@ pub struct WeightedVoter {
     pub row: VoterRow,
     pub weight: Option<f64>,
     pub table_until: Option<String>,
+    /// contract §15: the rubric's model and the reviewer's side weights
+    /// (null without a table, and the side weights while the rubric's
+    /// `confusion` table is empty).
+    pub model: Option<String>,
+    pub pass_weight: Option<f64>,
+    pub flag_weight: Option<f64>,
 }
 
 impl WeightedVoters {
     fn of(rows: Vec<VoterRow>, weights: Option<&GroupWeights>) -> WeightedVoters {
         let voters = rows
             .into_iter()
-            .map(|row| WeightedVoter {
-                weight: weights.map(|w| w.weight(&row.voter_prompt_id, &row.voter_id)),
-                table_until: weights.map(|w| crate::time::format_timestamp(w.table_until)),
-                row,
+            .map(|row| {
+                let sides = weights.and_then(|w| w.sides(&row.voter_prompt_id, &row.voter_id));
+                WeightedVoter {
+                    weight: weights.map(|w| w.weight(&row.voter_prompt_id, &row.voter_id)),
+                    table_until: weights.map(|w| crate::time::format_timestamp(w.table_until)),
+                    model: weights.map(|w| w.models.of(&row.voter_prompt_id).as_str().to_owned()),
+                    pass_weight: sides.map(|s| s.0),
+                    flag_weight: sides.map(|s| s.1),
+                    row,
+                }
             })
             .collect();
         WeightedVoters { voters }

@@ -56,12 +56,23 @@ pub struct Holdings {
 pub struct GroupWeights {
     pub table_until: crate::time::Nanos,
     pub tables: HashMap<String, Arc<crate::engine::reputation::Table>>,
+    /// Each rubric's model (contract §15).
+    pub models: crate::engine::Models,
 }
 
 impl GroupWeights {
     /// ω of `voter` for `rubric`: 1 when the table does not hold them.
     pub fn weight(&self, rubric: &str, voter: &str) -> f64 {
         self.tables.get(rubric).map_or(1.0, |t| t.weight(voter))
+    }
+
+    /// contract §15's (w⁺, w⁻) of `voter` for `rubric`: the rubric's rates'
+    /// for one not in the table; None while the rubric's `confusion` table
+    /// is empty.
+    pub fn sides(&self, rubric: &str, voter: &str) -> Option<(f64, f64)> {
+        let t = self.tables.get(rubric)?.confusion.as_ref()?;
+        let s = t.sides(voter);
+        Some((s.pass_weight, s.flag_weight))
     }
 }
 

@@ -324,6 +324,7 @@ fn confusion_applied(table: &Table, counted: &[Entry]) -> Applied {
                         .map(|e| e.value.unwrap_or_default())
                         .collect(),
                     prior: None,
+                    by_side: false,
                 }),
             };
         }
@@ -339,7 +340,11 @@ fn confusion_applied(table: &Table, counted: &[Entry]) -> Applied {
     let prior = (t.prior.1 > 0.0).then_some(t.prior);
     Applied {
         weights,
-        confusion: Some(Counted { values, prior }),
+        confusion: Some(Counted {
+            values,
+            prior,
+            by_side: true,
+        }),
     }
 }
 

@@ -74,9 +74,35 @@ pub struct EngineConfig {
     pub reputation: ReputationParams,
 }
 
+/// Each rubric's reputation model (contract §15): the default and the
+/// rubrics that set their own.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Models {
+    pub default: Model,
+    pub rubrics: HashMap<String, Model>,
+}
+
+impl Models {
+    pub fn of(&self, voter_prompt_id: &str) -> Model {
+        *self.rubrics.get(voter_prompt_id).unwrap_or(&self.default)
+    }
+}
+
 impl EngineConfig {
     pub fn params(&self, voter_prompt_id: &str) -> &RubricParams {
         self.rubrics.get(voter_prompt_id).unwrap_or(&self.defaults)
+    }
+
+    /// Each rubric's reputation model.
+    pub fn models(&self) -> Models {
+        Models {
+            default: self.defaults.reputation_model,
+            rubrics: self
+                .rubrics
+                .iter()
+                .map(|(k, p)| (k.clone(), p.reputation_model))
+                .collect(),
+        }
     }
 
     /// Start of the window holding `ts`.

@@ -26,7 +26,7 @@ mod changes;
 mod config;
 mod update;
 pub use changes::{Change, Voted};
-pub use config::{Decay, EngineConfig, RubricParams};
+pub use config::{Decay, EngineConfig, Models, RubricParams};
 pub use update::{Counted, Forecast, Learned, Outcome, ScoreUpdate};
 
 use crate::input::Id;

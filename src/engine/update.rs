@@ -82,6 +82,9 @@ pub struct Counted {
     pub values: smallvec::SmallVec<[f64; 4]>,
     /// The prior (y₀, w₀), when it entered the mean.
     pub prior: Option<(f64, f64)>,
+    /// Whether the votes were weighed by side (a batch of 0/1 values with
+    /// a table); else each counted as itself with ω, or 1 without a table.
+    pub by_side: bool,
 }
 
 impl ScoreUpdate {

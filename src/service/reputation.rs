@@ -18,6 +18,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::Config;
 use crate::engine::reputation::{Epoch, ReputationParams, Table, Tables, Terms, TermsKey};
+use crate::engine::Models;
 use crate::input::Id;
 use crate::kafka::{client_config, QuietEof};
 use crate::service::client::Tp;
@@ -126,6 +127,8 @@ pub fn topic_partition(tp: &Tp, partitions: i32) -> i32 {
 /// each input partition's newest sealed epoch, and the tables over them.
 pub struct Group {
     params: ReputationParams,
+    /// Each rubric's model (what `newest` tells the API).
+    models: Models,
     /// Every input partition (of every input topic).
     pub expected: Vec<Tp>,
     seen: HashSet<(Id, Epoch, Tp)>,
@@ -136,9 +139,10 @@ pub struct Group {
 }
 
 impl Group {
-    pub fn new(params: ReputationParams, expected: Vec<Tp>) -> Group {
+    pub fn new(params: ReputationParams, models: Models, expected: Vec<Tp>) -> Group {
         Group {
             params,
+            models,
             expected,
             seen: HashSet::new(),
             sealed: HashMap::new(),
@@ -233,6 +237,7 @@ impl Group {
         Some(crate::api::GroupWeights {
             table_until: self.params.start_of(g + 1),
             tables,
+            models: self.models.clone(),
         })
     }
 }
@@ -340,7 +345,7 @@ impl Reputation {
     pub fn start(cfg: &Config, expected: Vec<Tp>) -> Result<Reputation> {
         Ok(Reputation {
             reader: Reader::start(cfg)?,
-            group: Group::new(cfg.engine().reputation, expected),
+            group: Group::new(cfg.engine().reputation, cfg.engine().models(), expected),
             told: None,
         })
     }

@@ -20,6 +20,13 @@ pub(super) struct ModelRubric {
     pub(super) voter_prompt_id: String,
 }
 
+/// `side`, `voter_prompt_id` (contract §15: a vote's own side).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(super) struct RubricSide {
+    pub(super) side: &'static str,
+    pub(super) voter_prompt_id: String,
+}
+
 /// `voter_prompt_id` (after the label cap).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(super) struct Rubric {
@@ -120,10 +127,20 @@ pub(super) struct Series {
     /// contract §14's learned weights of the rubric, from its first learned
     /// update (one histogram per rubric, shared by its models' entries).
     pub(super) weight: Option<Histogram>,
+    /// contract §15's side weights (pass, flag) and inverted votes of the
+    /// rubric, from its first update weighed by side.
+    pub(super) sides: Option<Box<SideMetrics>>,
     pub(super) freshness: Histogram,
     pub(super) score: Histogram,
     pub(super) last_freshness: FloatGauge,
     pub(super) last_update: FloatGauge,
+}
+
+/// A rubric's contract §15 metrics, shared by its models' entries.
+pub(super) struct SideMetrics {
+    pub(super) pass: Histogram,
+    pub(super) flag: Histogram,
+    pub(super) inverted: Counter,
 }
 
 /// Every (model_id, voter_prompt_id) pair's metrics, after the label cap.
@@ -157,6 +174,7 @@ impl SeriesTable {
                 updates: f.updates.get_or_create_owned(&labels),
                 flags: None,
                 weight: None,
+                sides: None,
                 freshness: f.freshness.get_or_create_owned(&labels),
                 score: f.score.get_or_create_owned(&labels),
                 last_freshness: f.last_freshness.get_or_create_owned(&labels),

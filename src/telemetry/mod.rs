@@ -404,13 +404,30 @@ impl Metrics {
             if let (Some(r), Some(l)) = (&self.reputation, &u.learned) {
                 // (The entry's rubric label is the capped one.)
                 let labels = &s.labels;
-                let h = s.weight.get_or_insert_with(|| {
-                    r.weight.get_or_create_owned(&Rubric {
-                        voter_prompt_id: labels.voter_prompt_id.clone(),
-                    })
-                });
-                for &w in &l.weights {
-                    h.observe(w);
+                match l.confusion.as_ref().filter(|c| c.by_side) {
+                    // contract §15: each vote's evidence on its own side.
+                    Some(c) => {
+                        let m = s
+                            .sides
+                            .get_or_insert_with(|| Box::new(r.sides(&labels.voter_prompt_id)));
+                        for ((e, &g), &y) in u.votes.iter().zip(&l.weights).zip(&c.values) {
+                            let cast = e.value.unwrap_or_default();
+                            if cast == 1.0 { &m.pass } else { &m.flag }.observe(g);
+                            if y != cast {
+                                m.inverted.inc();
+                            }
+                        }
+                    }
+                    None => {
+                        let h = s.weight.get_or_insert_with(|| {
+                            r.weight.get_or_create_owned(&Rubric {
+                                voter_prompt_id: labels.voter_prompt_id.clone(),
+                            })
+                        });
+                        for &w in &l.weights {
+                            h.observe(w);
+                        }
+                    }
                 }
             }
         }

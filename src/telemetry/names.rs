@@ -99,6 +99,15 @@ pub const REPUTATION_OPEN_VALUES: &str = "jurystream_reputation_open_values";
 pub const REPUTATION_PENDING: &str = "jurystream_reputation_pending_batches";
 /// ω of each counted vote scored (`learned`), per rubric.
 pub const REPUTATION_WEIGHT: &str = "jurystream_reputation_weight";
+/// contract §15: the evidence g of each counted 0/1 vote scored with a
+/// `confusion` table (`learned`), per rubric and side (`pass`, `flag`: the
+/// vote's own side).
+pub const REPUTATION_SIDE_WEIGHT: &str = "jurystream_reputation_side_weight";
+/// contract §15: votes counted for the other side (a side worse than
+/// chance), per rubric.
+pub const REPUTATION_INVERTED: &str = "jurystream_reputation_inverted_votes_total";
+/// The label of the side a vote was cast on (`pass`, `flag`).
+pub const SIDE: &str = "side";
 
 /// The label names (contract §8). No label ever carries an inference or voter id.
 pub const MODEL_ID: &str = "model_id";

@@ -2,17 +2,22 @@
 //! `run`'s registry in modes `shadow` and `learned` only (no label carries
 //! a voter id).
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::labels::{RubricSide, SideMetrics};
 use super::{
     histogram, register, FloatGauge, HistogramFamily, PartitionLabel, Rubric,
-    REPUTATION_OPEN_VALUES as OPEN_VALUES, REPUTATION_PENDING as PENDING,
-    REPUTATION_SEALED as SEALED, REPUTATION_TABLE as TABLE, REPUTATION_WEIGHT as WEIGHT,
+    REPUTATION_INVERTED as INVERTED, REPUTATION_OPEN_VALUES as OPEN_VALUES,
+    REPUTATION_PENDING as PENDING, REPUTATION_SEALED as SEALED,
+    REPUTATION_SIDE_WEIGHT as SIDE_WEIGHT, REPUTATION_TABLE as TABLE, REPUTATION_WEIGHT as WEIGHT,
 };
 
 const WEIGHT_BUCKETS: &[f64] = &[0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0];
+/// contract §15's g: 0 (no evidence) up to `confusion_max_weight` (10).
+const SIDE_WEIGHT_BUCKETS: &[f64] = &[0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0];
 
 pub(super) struct ReputationMetrics {
     pub sealed: Family<PartitionLabel, FloatGauge>,
@@ -20,6 +25,8 @@ pub(super) struct ReputationMetrics {
     pub open_values: Gauge,
     pub pending: Gauge,
     pub weight: HistogramFamily<Rubric>,
+    pub side_weight: HistogramFamily<RubricSide>,
+    pub inverted: Family<Rubric, Counter>,
 }
 
 impl ReputationMetrics {
@@ -30,6 +37,8 @@ impl ReputationMetrics {
             open_values: Gauge::default(),
             pending: Gauge::default(),
             weight: HistogramFamily::new_with_constructor(|| histogram(WEIGHT_BUCKETS)),
+            side_weight: HistogramFamily::new_with_constructor(|| histogram(SIDE_WEIGHT_BUCKETS)),
+            inverted: Family::default(),
         };
         register(
             r,
@@ -66,6 +75,37 @@ impl ReputationMetrics {
             m.weight.clone(),
             false,
         );
+        register(
+            r,
+            SIDE_WEIGHT,
+            "Model confusion: the evidence each counted pass or flag was weighed with, in votes' worth, per rubric and the vote's side (learned mode, batches of 0/1 votes with a table).",
+            m.side_weight.clone(),
+            false,
+        );
+        register(
+            r,
+            INVERTED,
+            "Model confusion: votes counted for the other side, their reviewer's side being worse than chance (learned mode).",
+            m.inverted.clone(),
+            true,
+        );
         m
+    }
+
+    /// A rubric's contract §15 metrics (`rubric` is the capped label).
+    pub fn sides(&self, rubric: &str) -> SideMetrics {
+        let side = |side| {
+            self.side_weight.get_or_create_owned(&RubricSide {
+                side,
+                voter_prompt_id: rubric.to_owned(),
+            })
+        };
+        SideMetrics {
+            pass: side("pass"),
+            flag: side("flag"),
+            inverted: self.inverted.get_or_create_owned(&Rubric {
+                voter_prompt_id: rubric.to_owned(),
+            }),
+        }
     }
 }

@@ -510,3 +510,48 @@ fn learned_weights_are_observed_per_capped_rubric() {
         .sum();
     assert_eq!(overflow, 3.0, "{text}");
 }
+
+#[test]
+fn side_weights_and_inverted_votes_are_observed_per_rubric_and_side() {
+    let m = Metrics::with_reputation(10, true);
+    let mut u = update(Some("a"), "safety", false);
+    let vote = |value: f64| crate::engine::Entry {
+        voter_id: "rev".into(),
+        vote_id: "v".into(),
+        value: Some(value),
+        weight: 1.0,
+        timestamp: 0,
+        inference_time: None,
+        live: true,
+    };
+    // A pass weighed 1.5, a flag 0.5, and a pass counted as a flag (0.25).
+    u.votes = vec![vote(1.0), vote(0.0), vote(1.0)];
+    u.learned = Some(crate::engine::Learned {
+        weights: [1.5, 0.5, 0.25].into_iter().collect(),
+        step: 0.5,
+        table_until: 0,
+        confusion: Some(crate::engine::Counted {
+            values: [1.0, 0.0, 0.0].into_iter().collect(),
+            prior: None,
+            by_side: true,
+        }),
+    });
+    m.score_update(&u, 1.0);
+    let text = m.render();
+    let line = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().parse::<f64>().unwrap())
+    };
+    let pass = format!("{REPUTATION_SIDE_WEIGHT}_sum{{side=\"pass\",voter_prompt_id=\"safety\"}} ");
+    let flag =
+        format!("{REPUTATION_SIDE_WEIGHT}_count{{side=\"flag\",voter_prompt_id=\"safety\"}} ");
+    let inverted = format!("{REPUTATION_INVERTED}{{voter_prompt_id=\"safety\"}} ");
+    assert_eq!(line(&pass), Some(1.75), "{text}");
+    assert_eq!(line(&flag), Some(1.0), "{text}");
+    assert_eq!(line(&inverted), Some(1.0), "{text}");
+    // Such a batch is not in §14's weight histogram.
+    assert!(!text.contains(&format!(
+        "{REPUTATION_WEIGHT}_count{{voter_prompt_id=\"safety\"}}"
+    )));
+}

@@ -1,5 +1,6 @@
 use super::*;
 use crate::engine::reputation::confusion::ConfusionTerms;
+use crate::engine::Models;
 
 fn tp(p: i32) -> Tp {
     ("votes".into(), p)
@@ -60,7 +61,7 @@ fn the_group_counts_a_delta_once_and_waits_for_every_partition() {
         .unwrap()
         .engine()
         .reputation;
-    let mut g = Group::new(params, vec![tp(0), tp(1)]);
+    let mut g = Group::new(params, Models::default(), vec![tp(0), tp(1)]);
     let rec = TopicRecord::Delta {
         rubric: "help".into(),
         epoch: 4,
@@ -212,7 +213,7 @@ mod view {
                 let r = queues[i].remove(0);
                 topic[topic_partition(&tp(i as i32), TOPIC_PARTITIONS) as usize].push(r);
             }
-            let mut group = Group::new(params.clone(), expected.clone());
+            let mut group = Group::new(params.clone(), Models::default(), expected.clone());
             let mut read = vec![0usize; topic.len()];
             let mut held: BTreeMap<i32, Held> = BTreeMap::new();
             let mut turns = turns.into_iter();
@@ -234,7 +235,7 @@ mod view {
                         } else {
                             // Read the topic again: every partition's
                             // tables start again with it.
-                            group = Group::new(params.clone(), expected.clone());
+                            group = Group::new(params.clone(), Models::default(), expected.clone());
                             read.iter_mut().for_each(|r| *r = 0);
                             held.insert(p, Held { needed, tables: Tables::default() });
                             for h in held.values_mut() {
