@@ -1,7 +1,9 @@
-//! contract §14 in `run` on a real broker: four partitions in `learned` mode
-//! emit, per partition, what `replay --partition-files` gives for their
-//! logs (tables over every partition's sealed sums, batches waiting at
-//! the barrier), and the reputation topic holds the group's sums.
+//! contract §14 and §15 in `run` on a real broker (rubric `safety` under
+//! model `confusion`, the others under `noise`): four partitions in
+//! `learned` mode emit, per partition, what `replay --partition-files`
+//! gives for their logs (tables over every partition's sealed sums,
+//! batches waiting at the barrier), and the reputation topic holds the
+//! group's sums.
 
 mod kafka_support;
 
@@ -17,12 +19,29 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// `learned` with both models: `safety` under contract §15's `confusion`,
+/// the other rubrics under §14's `noise`.
+fn both_models(name: &str) -> String {
+    learned(name) + "\n[rubrics.safety]\nreputation_model = \"confusion\"\n"
+}
+
+/// Some batch of `expected` was weighed by side with a table (contract
+/// §15): the model's path ran, not only its fallbacks.
+fn assert_weighed_by_side(expected: &[Value]) {
+    assert!(
+        expected
+            .iter()
+            .any(|e| e["batch"]["model"] == "confusion" && e["batch"]["prior"].is_object()),
+        "no batch of the confusion rubric was weighed by side"
+    );
+}
+
 fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
         return;
     };
-    let setup = Setup::new(&broker, name, 4, delivery, &learned(name));
+    let setup = Setup::new(&broker, name, 4, delivery, &both_models(name));
     let input = setup.dir.path().join("votes.jsonl");
     votes_over_epochs(&input, 12_000, 4);
     setup.produce(&input);
@@ -41,6 +60,7 @@ fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
         learned_weights.iter().any(|w| *w != 1.0),
         "no table weighed a vote"
     );
+    assert_weighed_by_side(&expected);
     eprintln!(
         "{name}: {} events expected, {} learned weights, {} not 1",
         expected.len(),
@@ -74,6 +94,20 @@ fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
     let row = &v["voters"][0];
     assert!(row["weight"].as_f64().unwrap() > 0.0, "{body}");
     assert!(row["table_until"].is_string(), "{body}");
+    // ... and each rubric's model, with contract §15's side weights.
+    let rows = v["voters"].as_array().unwrap();
+    let safety = rows
+        .iter()
+        .find(|r| r["voter_prompt_id"] == "safety")
+        .unwrap_or_else(|| panic!("no safety row: {body}"));
+    assert_eq!(safety["model"], "confusion", "{body}");
+    assert!(safety["pass_weight"].is_number(), "{body}");
+    assert!(safety["flag_weight"].is_number(), "{body}");
+    assert!(
+        rows.iter()
+            .any(|r| r["voter_prompt_id"] != "safety" && r["model"] == "noise"),
+        "{body}"
+    );
 }
 
 #[test]
@@ -252,9 +286,9 @@ fn three_instances_killed_three_times(mode: &str, name: &str) {
         // start, each at its moment if one comes within that time.
         let sessions = round % 2 == 1;
         let extra = if sessions {
-            learned(name).replace("epoch_seconds = 60", "epoch_seconds = 3600")
+            both_models(name).replace("epoch_seconds = 60", "epoch_seconds = 3600")
         } else {
-            learned(name)
+            both_models(name)
         };
         let setup = Setup::new(&broker, name, 4, mode, &extra);
         let (input, data) = if sessions {
@@ -275,6 +309,7 @@ fn three_instances_killed_three_times(mode: &str, name: &str) {
                 .any(|w| w.as_f64() != Some(1.0)),
             "no table weighed a vote"
         );
+        assert_weighed_by_side(&expected);
         // Instance ids: a, b, c; a replacement's state directory is new.
         let mut started = 0usize;
         let mut start = |id: &str| {

@@ -8,9 +8,15 @@ use super::*;
 use crate::input::Vote;
 
 /// Two-minute epochs of 10 s windows, grace 5 s, n₀ = 1,
-/// so that a short log spans many epochs and tables.
+/// so that a short log spans many epochs and tables; rubric `s` under
+/// contract §15's model `confusion` (n₀ᶜ = 1), `r` under §14's `noise`, so
+/// that every property holds of both.
 fn cfg_in(mode: Mode) -> EngineConfig {
     let mut c = cfg();
+    let mut s = c.defaults.clone();
+    s.reputation_model = super::super::reputation::Model::Confusion;
+    c.rubrics.insert("s".into(), s);
+    c.reputation.confusion.prior_votes = 1.0;
     c.window_ns = 10 * NANOS_PER_SEC;
     c.window_seconds = 10.0;
     c.grace_ns = 5 * NANOS_PER_SEC;
@@ -514,4 +520,38 @@ proptest! {
             prop_assert_eq!(&got[p], &want[p], "partition {}", p);
         }
     }
+}
+
+/// The generated logs reach contract §15's side weights (rubric `s`), not
+/// only its fallbacks: a long log of them has batches weighed by side.
+#[test]
+fn generated_logs_weigh_by_side() {
+    let mut x: u64 = 7;
+    let mut next = move |m: u64| {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((x >> 33) % m) as u16
+    };
+    let g: Vec<Gen> = (0..600)
+        .map(|_| {
+            (
+                next(4) as u8,
+                next(2) as u8,
+                next(5) as u8,
+                Some(next(256) as u8),
+                next(120),
+                0,
+                false,
+                None,
+            )
+        })
+        .collect();
+    let (out, _) = whole(Mode::Learned, &votes_of(&g));
+    let by_side = out
+        .iter()
+        .filter_map(|u| u.learned.as_ref()?.confusion.as_ref())
+        .filter(|c| c.by_side)
+        .count();
+    assert!(by_side > 10, "{by_side} batches weighed by side");
 }
