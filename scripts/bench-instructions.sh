@@ -10,7 +10,7 @@
 # miss costs.
 #   scripts/bench-instructions.sh [VOTES]    (default 1000000)
 # EPOCH_SECONDS (default 3600, as bench-reputation.sh); MODES (default
-# "off shadow learned"); JURYSTREAM_BIN=PATH counts that binary instead of
+# "off shadow learned"; `confusion` is learned with contract §15's model); JURYSTREAM_BIN=PATH counts that binary instead of
 # building one. KAFKA=1 also counts `jurystream run` on a backlog
 # (at_least_once, 4 partitions, the test broker of scripts/broker.sh, a
 # fresh broker, topic, group and state directory for each mode) from its
@@ -40,8 +40,8 @@ ratios() {
             printf "%-8s %16.0f instructions%s\n", n[i], c[i], off ? sprintf(" (%.3f x off)", c[i] / off) : "" }'
 }
 for mode in $MODES; do
-    printf '[batching]\nwindow_seconds = 60\n[reputation]\nmode = "%s"\nepoch_seconds = %s\n' \
-        "$mode" "$EPOCH" > "$WORK/instr-$mode.toml"
+    printf '[batching]\nwindow_seconds = 60\n[reputation]\n%sepoch_seconds = %s\n' \
+        "$(reputation_keys "$mode")" "$EPOCH" > "$WORK/instr-$mode.toml"
     echo "$mode $(count "$WORK/callgrind-replay-$mode.out" "$BIN" replay --config "$WORK/instr-$mode.toml" --input "$INPUT")"
 done | ratios | sed 's/^/replay /'
 

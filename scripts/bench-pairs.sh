@@ -13,7 +13,8 @@
 # alone: use this to compare, and bench-reputation.sh for absolute
 # numbers.
 #   scripts/bench-pairs.sh [VOTES]     (default 1000000)
-# PAIRS (default 8) per mode; MODES (default "shadow learned");
+# PAIRS (default 8) per mode; MODES (default "shadow learned"; `confusion`
+# is learned with contract §15's model on every rubric);
 # EPOCH_SECONDS (default 3600); JURYSTREAM_BIN=PATH measures that binary
 # instead of building one.
 # KAFKA=1 also measures `jurystream run` on a backlog: per pair a fresh
@@ -35,8 +36,8 @@ EPOCH="${EPOCH_SECONDS:-3600}"
 bench_votes "$N"
 release_bin
 for mode in off $MODES; do
-    printf '[batching]\nwindow_seconds = 60\n[reputation]\nmode = "%s"\nepoch_seconds = %s\n' \
-        "$mode" "$EPOCH" > "$WORK/pair-$mode.toml"
+    printf '[batching]\nwindow_seconds = 60\n[reputation]\n%sepoch_seconds = %s\n' \
+        "$(reputation_keys "$mode")" "$EPOCH" > "$WORK/pair-$mode.toml"
 done
 cat "$INPUT" > /dev/null
 

@@ -127,3 +127,13 @@ pinned_venv() {
     "$py" -m venv "$venv" || { echo "$name: python3 -m venv failed (install python3-venv)" >&2; return 1; }
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
 }
+
+# reputation_keys MODE: the [reputation] keys of a benchmark mode: off,
+# shadow and learned (contract §14's model), or confusion (learned with
+# contract §15's model on every rubric).
+reputation_keys() {
+    case "$1" in
+        confusion) printf 'mode = "learned"\nmodel = "confusion"\n' ;;
+        *) printf 'mode = "%s"\n' "$1" ;;
+    esac
+}
