@@ -291,13 +291,7 @@ impl Sections {
                 r.min_weight
             )));
         }
-        finite("reputation.max_weight", r.max_weight)?;
-        if r.max_weight < 1.0 {
-            return Err(ConfigError(format!(
-                "reputation.max_weight: must be >= 1, got {}",
-                r.max_weight
-            )));
-        }
+        at_least_one("reputation.max_weight", r.max_weight)?;
         if r.topic.is_empty() {
             return Err(ConfigError("reputation.topic: must not be empty".into()));
         }
@@ -340,14 +334,7 @@ impl Sections {
                 c.rate_floor
             )));
         }
-        finite("reputation.confusion_max_weight", c.max_weight)?;
-        if c.max_weight < 1.0 {
-            return Err(ConfigError(format!(
-                "reputation.confusion_max_weight: must be >= 1, got {}",
-                c.max_weight
-            )));
-        }
-        Ok(())
+        at_least_one("reputation.confusion_max_weight", c.max_weight)
     }
 
     /// contract §15's options, the defaults where unset.
@@ -452,6 +439,15 @@ pub(super) fn check_epochs(b: &Batching, r: &Reputation) -> Result<(), ConfigErr
             "reputation.epoch_seconds: must be at least batching.grace_seconds ({}), got {}",
             b.grace_seconds, r.epoch_seconds
         )));
+    }
+    Ok(())
+}
+
+/// A finite bound of weights, at least 1.
+fn at_least_one(key: &str, v: f64) -> Result<(), ConfigError> {
+    finite(key, v)?;
+    if v < 1.0 {
+        return Err(ConfigError(format!("{key}: must be >= 1, got {v}")));
     }
     Ok(())
 }
