@@ -40,7 +40,7 @@ ratios() {
             printf "%-8s %16.0f instructions%s\n", n[i], c[i], off ? sprintf(" (%.3f x off)", c[i] / off) : "" }'
 }
 for mode in $MODES; do
-    printf '[batching]\nwindow_seconds = 60\n[reputation]\n%sepoch_seconds = %s\n' \
+    printf '[batching]\nwindow_seconds = 60\n[reputation]\n%s\nepoch_seconds = %s\n' \
         "$(reputation_keys "$mode")" "$EPOCH" > "$WORK/instr-$mode.toml"
     echo "$mode $(count "$WORK/callgrind-replay-$mode.out" "$BIN" replay --config "$WORK/instr-$mode.toml" --input "$INPUT")"
 done | ratios | sed 's/^/replay /'

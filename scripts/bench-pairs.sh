@@ -36,7 +36,7 @@ EPOCH="${EPOCH_SECONDS:-3600}"
 bench_votes "$N"
 release_bin
 for mode in off $MODES; do
-    printf '[batching]\nwindow_seconds = 60\n[reputation]\n%sepoch_seconds = %s\n' \
+    printf '[batching]\nwindow_seconds = 60\n[reputation]\n%s\nepoch_seconds = %s\n' \
         "$(reputation_keys "$mode")" "$EPOCH" > "$WORK/pair-$mode.toml"
 done
 cat "$INPUT" > /dev/null

@@ -37,7 +37,7 @@ TOML
 reputation_config() {
     service_config "$1" "$2" "$3" "$4" at_least_once "$5" \
         | sed 's/^\[batching\]$/[batching]\nwindow_seconds = 60/'
-    printf '[reputation]\n%sepoch_seconds = %s\ntopic = "%s-reputation"\n' "$(reputation_keys "$6")" "$7" "$2"
+    printf '[reputation]\n%s\nepoch_seconds = %s\ntopic = "%s-reputation"\n' "$(reputation_keys "$6")" "$7" "$2"
 }
 
 # preload BIN RUN INPUT DELIVERY BROKERS WORK: the service's topics first

@@ -128,12 +128,13 @@ pinned_venv() {
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
 }
 
-# reputation_keys MODE: the [reputation] keys of a benchmark mode: off,
+# reputation_keys MODE: the [reputation] keys of a benchmark mode (lines
+# without the last newline): off,
 # shadow and learned (contract §14's model), or confusion (learned with
 # contract §15's model on every rubric).
 reputation_keys() {
     case "$1" in
-        confusion) printf 'mode = "learned"\nmodel = "confusion"\n' ;;
-        *) printf 'mode = "%s"\n' "$1" ;;
+        confusion) printf 'mode = "learned"\nmodel = "confusion"' ;;
+        *) printf 'mode = "%s"' "$1" ;;
     esac
 }
