@@ -7,7 +7,8 @@ replayed over the same vote layouts as the simulation (real.py, planted.py).
                     [--cache CK.json] [--seed-cache planted.json real.json ...]
                     [--json OUT.json] [--keep DIR]
 
-The binary (default $JURYSTREAM_BIN or /tmp/jurystream-confusion) is run as
+The binary (default $JURYSTREAM_BIN, else the release build under
+$CARGO_TARGET_DIR or target/) is run as
 `replay --config C --input VOTES` with three configurations: mode off
 (unweighted), learned with model noise (section 14) and learned with model
 confusion (section 15), epoch_seconds 3600, everything else at its default
@@ -328,7 +329,9 @@ def summary(results):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin", default=os.environ.get("JURYSTREAM_BIN", "/tmp/jurystream-confusion"))
+    ap.add_argument("--bin", default=os.environ.get("JURYSTREAM_BIN") or os.path.join(
+        os.environ.get("CARGO_TARGET_DIR") or os.path.join(os.path.dirname(__file__), "..", "..", "target"),
+        "release", "jurystream"))
     ap.add_argument("--data", default="/tmp/proto/data")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--sets", default="product,bluebirds,emotion,planted")

@@ -117,6 +117,9 @@ def table(sums):
             rows[u] = (c, clamp(se, EPS, 1 - EPS), clamp(sp, EPS, 1 - EPS))
         prior_rate = (P / SCALE + N0C / 2.0) / (C + N0C)
     lam = {u: (math.log(se / (1.0 - sp)), math.log(sp / (1.0 - se))) for u, (c, se, sp) in rows.items()}
+    better = sum(c for u, (c, se, sp) in rows.items() if se + sp > 1.0)
+    if 2 * better <= C:
+        return None
     s = 0.0
     for u in voters:
         lp, lm = lam[u]

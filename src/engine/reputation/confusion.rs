@@ -220,7 +220,8 @@ pub fn moment_rates(totals: &ConfusionTerms, eps: f64) -> Option<(f64, f64, f64)
 
 impl ConfusionTable {
     /// The table of a rubric's per-reviewer sums (contract §15 "Tables"),
-    /// or None when it is empty (C = 0, P = 0, F = 0 or s ≤ 0).
+    /// or None when it is empty (C = 0, P = 0, F = 0, reviewers better
+    /// than chance holding at most half the values, or s ≤ 0).
     pub fn build(
         params: &ConfusionParams,
         sums: impl IntoIterator<Item = (Id, ConfusionTerms)>,
@@ -282,6 +283,18 @@ impl ConfusionTable {
                     (RatesFrom::Mean, pi, se, sp, prior_rate, rated)
                 }
             };
+        // Most of the rubric's values must come from reviewers better than
+        // chance: else the sides would be turned around wholesale (a first
+        // table of a few items, a crowd at odds with itself), the label
+        // switching every latent-class model has to rule out.
+        let better: u64 = rated
+            .iter()
+            .filter(|(_, _, r)| r.se + r.sp > 1.0)
+            .map(|(_, c_u, _)| *c_u)
+            .sum();
+        if better.saturating_mul(2) <= totals.c {
+            return None;
+        }
         let mut s = 0.0;
         for (_, c_u, r) in &rated {
             s += *c_u as f64 * (pi * f64::max(r.pass, 0.0) + (1.0 - pi) * f64::max(r.flag, 0.0));

@@ -189,6 +189,25 @@ fn empty_tables() {
 }
 
 #[test]
+fn most_values_from_reviewers_worse_than_chance_make_no_table() {
+    // Every unit: a and b pass exactly when c flags, and d agrees with c.
+    // Against the others' mean everyone looks worse than chance: the
+    // sides would all be turned around, so there is no table.
+    let p = ConfusionParams::default();
+    let mut sums: FxHashMap<Id, ConfusionTerms> = FxHashMap::default();
+    for i in 0..40 {
+        let t = if i % 2 == 0 { 1.0 } else { 0.0 };
+        for (voter, term) in ["a", "b", "c", "d"]
+            .iter()
+            .zip(unit_terms(&[t, 1.0 - t, t, 1.0 - t]).unwrap())
+        {
+            sums.entry(Id::from(*voter)).or_default().add(&term);
+        }
+    }
+    assert!(ConfusionTable::build(&p, sums).is_none());
+}
+
+#[test]
 fn a_side_worse_than_chance_counts_for_the_other() {
     // Three who agree with the truth and one who always says the opposite.
     let units: Vec<[f64; 4]> = (0..40)
