@@ -10,6 +10,10 @@
 #       about 30 s and 300 MB, most of it dependencies crowd-kit pulls in)
 #   scripts/crowdkit.sh installed
 #       exit 0 when it is installed, 1 otherwise (installs nothing)
+#   scripts/crowdkit.sh judge [ARGS]
+#       install if needed, then run scripts/confusion/judge.py ARGS: contract
+#       §15's model through a jurystream binary against crowd-kit on the same
+#       votes (scripts/confusion/README.md)
 #   scripts/crowdkit.sh compare VOTES.jsonl REPUTATION.json [--rubrics a,b]
 #       install if needed, then run scripts/crowdkit_compare.py: Spearman
 #       correlations of `jurystream reputation --format json`'s weights with
@@ -59,8 +63,13 @@ compare)
     install >&2
     exec "$PY" "$HERE/crowdkit_compare.py" "$@"
     ;;
+judge)
+    shift
+    install >&2
+    exec "$PY" "$HERE/confusion/judge.py" "$@"
+    ;;
 *)
-    echo "usage: $0 install | installed | compare VOTES.jsonl REPUTATION.json [--rubrics a,b]" >&2
+    echo "usage: $0 install | installed | compare VOTES.jsonl REPUTATION.json [--rubrics a,b] | judge [ARGS]" >&2
     exit 2
     ;;
 esac

@@ -642,3 +642,74 @@ fn weights_rank_reviewers_as_crowd_kit_does() {
         );
     }
 }
+
+/// Populations of `scripts/confusion/planted.py` (binary votes, one batch
+/// per item, items over a week, hour-long epochs) where contract §15's
+/// model `confusion` meets the bars on every seed measured
+/// (docs/PERFORMANCE.md, "Which way a reviewer errs"), one seed each: the
+/// lenient and harsh crowds it was built for, class imbalance both ways.
+const CONFUSION_POPULATIONS: [&str; 5] = [
+    "len+harsh pi=.12",
+    "harsh50% pi=.50",
+    "lenient50% pi=.50",
+    "honest pi=.05",
+    "harsh30% pi=.40",
+];
+
+/// Model `confusion` through this build's `replay` against crowd-kit
+/// 1.4.2's batch Dawid–Skene, GLAD and majority vote on the same votes
+/// (`scripts/crowdkit.sh judge`): never below unweighted (`off`), at least
+/// GLAD, at most 2 points below DS, and above §14's `noise`.
+#[test]
+fn confusion_meets_its_bars_against_crowd_kit() {
+    if !python3_available() || !crowdkit_ready() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("judge.json");
+    let out = Command::new("bash")
+        .arg(root().join("scripts/crowdkit.sh"))
+        .arg("judge")
+        .arg("--bin")
+        .arg(common::bin())
+        .args(["--sets", "planted", "--seeds", "1", "--pops"])
+        .arg(CONFUSION_POPULATIONS.join(","))
+        .arg("--json")
+        .arg(&json)
+        .arg("--cache")
+        .arg(dir.path().join("crowdkit.json"))
+        .output()
+        .expect("run scripts/crowdkit.sh judge");
+    assert!(
+        out.status.success(),
+        "judge.py failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for pop in CONFUSION_POPULATIONS {
+        let acc = |method: &str| -> f64 {
+            doc[pop][method]["1"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{pop}: no {method} in {doc}"))
+        };
+        let (off, noise, confusion) = (acc("off"), acc("noise"), acc("confusion"));
+        let (ds, glad) = (acc("DS"), acc("GLAD"));
+        eprintln!(
+            "{pop}: off {off:.2}, noise {noise:.2}, confusion {confusion:.2}, DS {ds:.2}, GLAD {glad:.2}"
+        );
+        assert!(confusion >= off, "{pop}: confusion {confusion} < off {off}");
+        assert!(
+            confusion >= glad,
+            "{pop}: confusion {confusion} < GLAD {glad}"
+        );
+        assert!(
+            confusion >= ds - 2.0,
+            "{pop}: confusion {confusion} < DS {ds} − 2"
+        );
+        assert!(
+            confusion > noise,
+            "{pop}: confusion {confusion} <= noise {noise}"
+        );
+    }
+}
