@@ -101,8 +101,18 @@ fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
         .find(|r| r["voter_prompt_id"] == "safety")
         .unwrap_or_else(|| panic!("no safety row: {body}"));
     assert_eq!(safety["model"], "confusion", "{body}");
-    assert!(safety["pass_weight"].is_number(), "{body}");
-    assert!(safety["flag_weight"].is_number(), "{body}");
+    // The generated votes are random, so the newest `confusion` table may
+    // be empty (most values from reviewers no better than chance): both
+    // side weights, or neither.
+    assert_eq!(
+        safety["pass_weight"].is_number(),
+        safety["flag_weight"].is_number(),
+        "{body}"
+    );
+    assert!(
+        safety["pass_weight"].is_number() || safety["pass_weight"].is_null(),
+        "{body}"
+    );
     assert!(
         rows.iter()
             .any(|r| r["voter_prompt_id"] != "safety" && r["model"] == "noise"),
