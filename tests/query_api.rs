@@ -363,17 +363,26 @@ fn two_instances_answer_what_a_replay_leaves() {
         let want: Vec<&Value> = rows.iter().filter(|r| r["voter_id"] == *v).collect();
         let port = [pa, pb][i % 2];
         let have = get_ok(port, &format!("/v1/voters/{}", encode(v))).unwrap();
-        // contract §14's weight and table_until: null in reputation.mode off.
+        // contract §14's weight and table_until, and §15's model and side
+        // weights: null in reputation.mode off.
+        const LEARNED: [&str; 5] = [
+            "weight",
+            "table_until",
+            "model",
+            "pass_weight",
+            "flag_weight",
+        ];
         let have: Vec<Value> = have["voters"]
             .as_array()
             .unwrap()
             .iter()
             .map(|r| {
-                assert!(r["weight"].is_null() && r["table_until"].is_null(), "{r}");
                 let mut r = r.clone();
                 let o = r.as_object_mut().unwrap();
-                o.remove("weight");
-                o.remove("table_until");
+                for field in LEARNED {
+                    let v = o.remove(field);
+                    assert_eq!(v, Some(Value::Null), "{field} of {v:?}");
+                }
                 r
             })
             .collect();
