@@ -70,7 +70,9 @@ pub fn value_terms(s: f64, m: usize, v: f64) -> ConfusionTerms {
 }
 
 /// The §15 terms of one unit's values, given in `voter_id` byte order:
-/// one per value, or none when fewer than two or not all 0 or 1.
+/// one per value, or none when fewer than two or not all 0 or 1 (tests;
+/// the engine seals both models' terms in one pass, `reputation::unit_terms`).
+#[cfg(test)]
 pub fn unit_terms(values: &[f64]) -> Option<Vec<ConfusionTerms>> {
     let m = values.len();
     if m < 2 || !counts(values) {
