@@ -2,7 +2,8 @@
 """Experiment: a confusion table fitted to per-pair co-vote counts.
 
     python pairs.py [--pops a,b] [--seeds 1,2,3] [--ck planted_ck.json]
-                    [--real DATA_DIR] [--n0c 5] [--iters 100]
+                    [--real DATA_DIR] [--n0c 10] [--iters 100]
+                    [--anchor none|start|hold]
 
 Not what the engine does (that is model.py's `mom` reference, section 15 of
 docs/contract.md); this measures the candidate next reference, which needs
@@ -15,20 +16,25 @@ The table of epoch e sums the counts of epochs <= e - 2 and fits the
 two-class model to them by pairwise (composite-likelihood) EM, treating
 every co-vote as an independent pair observation of one latent class:
 
-  start   se_j = sp_j = 0.8, pi = 0.5 (the same every epoch: no state); or,
-          "anchored" (the default), when the rubric's agreement moments
-          identify (x, y, pi) (model.moments_rates, guard z = 1): se_j = x,
-          sp_j = 1 - y, and pi held at the moments' pi (pairs alone give
-          two moments, M1 and M2, for three unknowns: a crowd of alike
-          reviewers is not identified by them; triples are)
+  start   se_j = sp_j = 0.8, pi = 0.5 (the same every epoch: no state);
+          with --anchor start (the default) or hold, when the rubric's
+          agreement moments identify (x, y, pi) (model.moments_rates,
+          guard z = 1): se_j = x, sp_j = 1 - y and pi there. Pairs alone
+          give two moments, M1 and M2, for three unknowns, so they do not
+          identify a crowd of alike reviewers; triples do.
   E-step  g = pi P1 / (pi P1 + (1 - pi) P0) per (j, k, v_j, v_k), with
           P1 = P(v_j | 1) P(v_k | 1), P0 = P(v_j | 0) P(v_k | 0)
-  M-step  pi = sum K g / sum K (unless anchored); per reviewer j, over its pairs:
-          n1 = sum K g, U = sum K g [v_j = 1], n0 = sum K (1 - g),
-          V = sum K (1 - g) [v_j = 0]; the rubric's rates
-          se_R = sum U / sum n1, sp_R = sum V / sum n0; then
-          se_j = (U + n0c se_R)/(n1 + n0c), sp_j likewise, both clamped to
-          [0.02, 0.98]
+  M-step  pi = sum K g / sum K (kept at the moments' pi with --anchor
+          hold); per reviewer j, over its pairs: n1 = sum K g,
+          U = sum K g [v_j = 1], n0 = sum K (1 - g), V = sum K (1 - g)
+          [v_j = 0]; the rubric's rates se_R = sum U / sum n1,
+          sp_R = sum V / sum n0; the reviewer's balanced accuracy
+          acc_j = ((U + n0c se_R)/(n1 + n0c) + (V + n0c sp_R)/(n0 + n0c))/2;
+          then se_j = (U + n0c acc_j)/(n1 + n0c), sp_j = (V + n0c acc_j)/
+          (n0 + n0c), both clamped to [0.02, 0.98] (n0c counts pair
+          observations, 10 by default: a vote in a unit of m adds m - 1
+          of them): one coin while a
+          reviewer's votes are few, two as they grow
   iters   a fixed number of rounds (100 by default), so the table is a
           function of the counts alone
 
@@ -53,6 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model  # noqa: E402
 
 EPS, N0C, CAP = model.EPS, model.N0C, 10.0
+N0C_PAIRS = 10.0  # the reviewers' shrinkage, in pair observations
 
 
 def pair_counts(item, worker, x, ep_item, n_workers):
@@ -83,11 +90,15 @@ def pair_counts(item, worker, x, ep_item, n_workers):
     return K, C, M, by_item
 
 
-def pair_em(K, iters, n0c, anchor=None):
+def pair_em(K, iters, n0c, anchor=None, hold=False, target="own"):
     """(se, sp, pi, se_R, sp_R) fitted to pair counts K by pairwise EM.
 
-    anchor: (x, y, pi) from the agreement moments; when given, pi is held
-    there and every reviewer starts at se = x, sp = 1 - y."""
+    Each reviewer's se and sp are shrunk by n0c towards the reviewer's own
+    balanced accuracy (the mean of se and sp shrunk towards the rubric's
+    rates): a one-coin reviewer while the votes are few, two coins as they
+    grow. anchor: (x, y, pi) from the agreement moments; every reviewer
+    starts at se = x, sp = 1 - y and pi there; hold: pi stays there.
+    target "mixed": halfway between that accuracy and the rubric's rates."""
     W = K.shape[0]
     se, sp, pi = np.full(W, 0.8), np.full(W, 0.8), 0.5
     if anchor is not None:
@@ -103,22 +114,24 @@ def pair_em(K, iters, n0c, anchor=None):
         G0 = K - G1
         t1, t0 = G1.sum(axis=(1, 3)), G0.sum(axis=(1, 3))
         n1, U, n0, V = t1.sum(1), t1[:, 1], t0.sum(1), t0[:, 0]
-        if anchor is None:
+        if anchor is None or not hold:
             pi = G1.sum() / K.sum()
         if not (n1.sum() > 0 and n0.sum() > 0):
             break
         seR, spR = U.sum() / n1.sum(), V.sum() / n0.sum()
-        se = np.clip((U + n0c * seR) / (n1 + n0c), EPS, 1 - EPS)
-        sp = np.clip((V + n0c * spR) / (n0 + n0c), EPS, 1 - EPS)
+        acc = ((U + n0c * seR) / (n1 + n0c) + (V + n0c * spR) / (n0 + n0c)) / 2
+        tse, tsp = (acc, acc) if target == "own" else ((acc + seR) / 2, (acc + spR) / 2)
+        se = np.clip((U + n0c * tse) / (n1 + n0c), EPS, 1 - EPS)
+        sp = np.clip((V + n0c * tsp) / (n0 + n0c), EPS, 1 - EPS)
     return se, sp, pi, min(max(seR, EPS), 1 - EPS), min(max(spR, EPS), 1 - EPS)
 
 
-def table(K, c, iters, n0c, anchor=None):
+def table(K, c, iters, n0c, anchor=None, hold=False, target="own"):
     """Side weights as the contract builds them from (se, sp, pi); None when empty."""
     N = c.sum()
     if not N > 0:
         return None
-    se, sp, pi, seR, spR = pair_em(K, iters, n0c, anchor)
+    se, sp, pi, seR, spR = pair_em(K, iters, n0c, anchor, hold, target)
     if not 0 < pi < 1 or not c[se + sp > 1].sum() * 2 > N:  # the majority guard
         return None
     lp, lm = np.log(se / (1 - sp)), np.log(sp / (1 - se))
@@ -133,11 +146,13 @@ def table(K, c, iters, n0c, anchor=None):
     return dict(wp=wp, wm=wm, w0=w0, v0=1.0 if pi1 > 0.5 else 0.0)
 
 
-def run(D, times, iters=100, n0c=N0C, anchored=True):
+def run(D, times, iters=100, n0c=None, anchor="start", target="own"):
     """S per item: each item one batch, scored with the table of epochs <= k - 2.
 
-    anchored: hold pi (and start se, sp) at the agreement moments' solution
-    when they identify it (model.moments_rates, guard z = 1)."""
+    anchor: "none", "start" (EM starts at the agreement moments' solution
+    when they identify it: model.moments_rates, guard z = 1) or "hold"
+    (starts there and keeps their pi). target: see pair_em."""
+    n0c = N0C_PAIRS if n0c is None else n0c
     ep_item = np.floor(np.asarray(times) / model.EPOCH).astype(int)
     Kep, Cep, Mep, by_item = pair_counts(D["item"], D["worker"], D["x"], ep_item,
                                          D["n_workers"])
@@ -149,8 +164,8 @@ def run(D, times, iters=100, n0c=N0C, anchored=True):
             K += Kep[k - model.LAG]
             c += Cep[k - model.LAG]
             M += Mep[k - model.LAG]
-        anchor = model.moments_rates(*M, zmin=1.0) if anchored and M[0] > 0 else None
-        tab = table(K, c, iters, n0c, anchor)
+        mr = model.moments_rates(*M, zmin=1.0) if anchor != "none" and M[0] > 0 else None
+        tab = table(K, c, iters, n0c, mr, anchor == "hold", target)
         for i in np.flatnonzero(ep_item == k):
             vs = by_item.get(int(i), [])
             if not vs:
@@ -180,10 +195,12 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--ck", help="planted.py --json result file with crowd-kit's numbers")
     ap.add_argument("--real", metavar="DATA_DIR", help="also product and bluebirds (real.py)")
-    ap.add_argument("--n0c", type=float, default=N0C)
+    ap.add_argument("--n0c", type=float, default=N0C_PAIRS)
     ap.add_argument("--iters", type=int, default=100)
-    ap.add_argument("--free", action="store_true",
-                    help="never anchor pi at the moments (pairs alone)")
+    ap.add_argument("--anchor", choices=("none", "start", "hold"), default="start",
+                    help="where EM starts / whether pi stays at the agreement moments")
+    ap.add_argument("--target", choices=("own", "mixed"), default="own",
+                    help="what a reviewer's rates are shrunk towards (see pair_em)")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     ck = {}
@@ -194,7 +211,7 @@ def main():
         for seed in seeds:
             D = planted.generate(pop, seed)
             t0 = time.time()
-            acc = 100 * model.accuracy(run(D, D["times"], args.iters, args.n0c, not args.free), D["truth"])
+            acc = 100 * model.accuracy(run(D, D["times"], args.iters, args.n0c, args.anchor, args.target), D["truth"])
             r = {k: d.get(str(seed)) for k, d in ck.get(pop, {}).items()}
             ref = "".join(f" {k} {r[k]:.1f}" for k in ("unweighted", "ck GLAD", "ck DS")
                           if r.get(k) is not None)
@@ -209,7 +226,7 @@ def main():
             D = load(args.real)
             for seed in seeds:
                 times = model.layout_times(D["n_items"], seed)
-                acc = 100 * model.accuracy(run(D, times, args.iters, args.n0c, not args.free), D["truth"])
+                acc = 100 * model.accuracy(run(D, times, args.iters, args.n0c, args.anchor, args.target), D["truth"])
                 S = model.run(D["item"], D["worker"], D["x"], times, D["n_items"],
                               D["n_workers"], method="unweighted")
                 print(f"{name:18s} {seed} pairs {acc:.1f} | unweighted "
