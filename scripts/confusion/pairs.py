@@ -3,7 +3,8 @@
 
     python pairs.py [--pops a,b] [--seeds 1,2,3] [--ck planted_ck.json]
                     [--real DATA_DIR] [--n0c 10] [--iters 100]
-                    [--anchor none|start|hold]
+                    [--anchor none|start|hold|hybrid]
+                    [--target anchor|own|mixed]
 
 Not what the engine does (that is model.py's `mom` reference, section 15 of
 docs/contract.md); this measures the candidate next reference, which needs
@@ -30,13 +31,21 @@ every co-vote as an independent pair observation of one latent class:
           [v_j = 0]; the rubric's rates se_R = sum U / sum n1,
           sp_R = sum V / sum n0; the reviewer's balanced accuracy
           acc_j = ((U + n0c se_R)/(n1 + n0c) + (V + n0c sp_R)/(n0 + n0c))/2;
-          then se_j = (U + n0c acc_j)/(n1 + n0c), sp_j = (V + n0c acc_j)/
+          then se_j = (U + n0c t_se)/(n1 + n0c), sp_j = (V + n0c t_sp)/
           (n0 + n0c), both clamped to [0.02, 0.98] (n0c counts pair
           observations, 10 by default: a vote in a unit of m adds m - 1
-          of them): one coin while a
-          reviewer's votes are few, two as they grow
+          of them). The target (t_se, t_sp), --target:
+            anchor (the default): the moments' (x, 1 - y) when they
+                    identify them, else (acc_j, acc_j);
+            own:    (acc_j, acc_j) always: one coin while a reviewer's
+                    votes are few, two as they grow;
+            mixed:  halfway between (acc_j, acc_j) and (se_R, sp_R)
   iters   a fixed number of rounds (100 by default), so the table is a
           function of the counts alone
+
+--anchor hybrid: the built model's moment table (model.conf_table_mom,
+with the majority guard and cap) where the moments identify the rates,
+the pair table otherwise.
 
 Side weights, scale s, the prior pseudo-vote (capped at M = 10 like the side
 weights), unseen reviewers at the rubric's rates and the majority guard are
@@ -72,6 +81,7 @@ def pair_counts(item, worker, x, ep_item, n_workers):
     K = [np.zeros((W, W, 2, 2)) for _ in range(E)]
     C = [np.zeros(W) for _ in range(E)]
     M = np.zeros((E, 5))
+    R = [np.zeros((5, W)) for _ in range(E)]  # per reviewer p, a, b, t3, c3
     for i, vs in by_item.items():
         m = len(vs)
         if m < 2 or any(v not in (0.0, 1.0) for _, v in vs):
@@ -81,16 +91,18 @@ def pair_counts(item, worker, x, ep_item, n_workers):
             C[e][wa] += 1
             o = (total - va) / (m - 1)
             M[e, :3] += (1.0, o, o * va)
+            R[e][:3, wa] += (o, o * va, (1 - o) * (1 - va))
             if m >= 3:
                 so = total - va  # 0/1 values: the others' sum of squares is so too
                 M[e, 3:] += (va * (so * so - so) / ((m - 1) * (m - 2)), 1.0)
+                R[e][3:, wa] += (va * (so * so - so) / ((m - 1) * (m - 2)), 1.0)
             for b, (wb, vb) in enumerate(vs):
                 if a != b:
                     K[e][wa, wb, int(va), int(vb)] += 1
-    return K, C, M, by_item
+    return K, C, M, R, by_item
 
 
-def pair_em(K, iters, n0c, anchor=None, hold=False, target="own"):
+def pair_em(K, iters, n0c, anchor=None, hold=False, target="anchor"):
     """(se, sp, pi, se_R, sp_R) fitted to pair counts K by pairwise EM.
 
     Each reviewer's se and sp are shrunk by n0c towards the reviewer's own
@@ -98,7 +110,9 @@ def pair_em(K, iters, n0c, anchor=None, hold=False, target="own"):
     rates): a one-coin reviewer while the votes are few, two coins as they
     grow. anchor: (x, y, pi) from the agreement moments; every reviewer
     starts at se = x, sp = 1 - y and pi there; hold: pi stays there.
-    target "mixed": halfway between that accuracy and the rubric's rates."""
+    target "anchor": towards the anchor's (x, 1 - y) when there is one,
+    else as "own"; "mixed": halfway between that accuracy and the rubric's
+    rates."""
     W = K.shape[0]
     se, sp, pi = np.full(W, 0.8), np.full(W, 0.8), 0.5
     if anchor is not None:
@@ -120,13 +134,18 @@ def pair_em(K, iters, n0c, anchor=None, hold=False, target="own"):
             break
         seR, spR = U.sum() / n1.sum(), V.sum() / n0.sum()
         acc = ((U + n0c * seR) / (n1 + n0c) + (V + n0c * spR) / (n0 + n0c)) / 2
-        tse, tsp = (acc, acc) if target == "own" else ((acc + seR) / 2, (acc + spR) / 2)
+        if target == "anchor" and anchor is not None:
+            tse, tsp = anchor[0], 1 - anchor[1]
+        elif target in ("own", "anchor"):
+            tse, tsp = acc, acc
+        else:
+            tse, tsp = (acc + seR) / 2, (acc + spR) / 2
         se = np.clip((U + n0c * tse) / (n1 + n0c), EPS, 1 - EPS)
         sp = np.clip((V + n0c * tsp) / (n0 + n0c), EPS, 1 - EPS)
     return se, sp, pi, min(max(seR, EPS), 1 - EPS), min(max(spR, EPS), 1 - EPS)
 
 
-def table(K, c, iters, n0c, anchor=None, hold=False, target="own"):
+def table(K, c, iters, n0c, anchor=None, hold=False, target="anchor"):
     """Side weights as the contract builds them from (se, sp, pi); None when empty."""
     N = c.sum()
     if not N > 0:
@@ -146,26 +165,44 @@ def table(K, c, iters, n0c, anchor=None, hold=False, target="own"):
     return dict(wp=wp, wm=wm, w0=w0, v0=1.0 if pi1 > 0.5 else 0.0)
 
 
-def run(D, times, iters=100, n0c=None, anchor="start", target="own"):
+def mom_table(c, R, mr):
+    """The built model's moment table (guard and cap as the contract's)."""
+    t = model.conf_table_mom(c, R[0], R[1], R[2], R[3], R[4], cap=CAP, zmin=1.0)
+    if t is None:
+        return None
+    N = c.sum()
+    # majority guard: the values of reviewers with se_u + sp_u > 1 (wp + wm > 0) must be most
+    if not c[(t["wp"] + t["wm"] > 0) & (c > 0)].sum() * 2 > N:
+        return None
+    w0 = min(abs(math.log(t["pi1"] / (1 - t["pi1"]))) / t["s"], CAP)
+    return dict(wp=t["wp"], wm=t["wm"], w0=w0, v0=1.0 if t["pi1"] > 0.5 else 0.0)
+
+
+def run(D, times, iters=100, n0c=None, anchor="start", target="anchor"):
     """S per item: each item one batch, scored with the table of epochs <= k - 2.
 
     anchor: "none", "start" (EM starts at the agreement moments' solution
     when they identify it: model.moments_rates, guard z = 1) or "hold"
-    (starts there and keeps their pi). target: see pair_em."""
+    (starts there and keeps their pi) or "hybrid" (the moment table there,
+    the pair table elsewhere). target: see pair_em."""
     n0c = N0C_PAIRS if n0c is None else n0c
     ep_item = np.floor(np.asarray(times) / model.EPOCH).astype(int)
-    Kep, Cep, Mep, by_item = pair_counts(D["item"], D["worker"], D["x"], ep_item,
+    Kep, Cep, Mep, Rep, by_item = pair_counts(D["item"], D["worker"], D["x"], ep_item,
                                          D["n_workers"])
     W = D["n_workers"]
-    K, c, M = np.zeros((W, W, 2, 2)), np.zeros(W), np.zeros(5)
+    K, c, M, R = np.zeros((W, W, 2, 2)), np.zeros(W), np.zeros(5), np.zeros((5, W))
     S = np.full(D["n_items"], np.nan)
     for k in range(len(Kep)):
         if k >= model.LAG:
             K += Kep[k - model.LAG]
             c += Cep[k - model.LAG]
             M += Mep[k - model.LAG]
+            R += Rep[k - model.LAG]
         mr = model.moments_rates(*M, zmin=1.0) if anchor != "none" and M[0] > 0 else None
-        tab = table(K, c, iters, n0c, mr, anchor == "hold", target)
+        if anchor == "hybrid" and mr is not None:
+            tab = mom_table(c, R, mr)
+        else:
+            tab = table(K, c, iters, n0c, mr, anchor == "hold", target)
         for i in np.flatnonzero(ep_item == k):
             vs = by_item.get(int(i), [])
             if not vs:
@@ -197,9 +234,9 @@ def main():
     ap.add_argument("--real", metavar="DATA_DIR", help="also product and bluebirds (real.py)")
     ap.add_argument("--n0c", type=float, default=N0C_PAIRS)
     ap.add_argument("--iters", type=int, default=100)
-    ap.add_argument("--anchor", choices=("none", "start", "hold"), default="start",
+    ap.add_argument("--anchor", choices=("none", "start", "hold", "hybrid"), default="start",
                     help="where EM starts / whether pi stays at the agreement moments")
-    ap.add_argument("--target", choices=("own", "mixed"), default="own",
+    ap.add_argument("--target", choices=("anchor", "own", "mixed"), default="anchor",
                     help="what a reviewer's rates are shrunk towards (see pair_em)")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]

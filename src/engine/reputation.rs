@@ -17,6 +17,7 @@ use crate::input::Id;
 use crate::time::{div_euclid, Nanos};
 
 pub mod confusion;
+pub mod pairs;
 
 use confusion::ConfusionTerms;
 

@@ -126,6 +126,9 @@ pub enum RatesFrom {
     Moments,
     /// The others' mean, when the moments do not.
     Mean,
+    /// Fitted to per-pair co-vote counts ([`super::pairs`]; not yet in
+    /// force: only [`ConfusionTable::build_with_pairs`] makes it).
+    Pairs,
 }
 
 impl RatesFrom {
@@ -133,9 +136,14 @@ impl RatesFrom {
         match self {
             RatesFrom::Moments => "moments",
             RatesFrom::Mean => "mean",
+            RatesFrom::Pairs => "pairs",
         }
     }
 }
+
+/// One pair's co-vote counts by `voter_id`: (a, b), `counts[2·v_a + v_b]`
+/// ([`super::pairs::PairCount`]; stored with a < b in byte order).
+pub type VoterPair = (Id, Id, [u64; 4]);
 
 /// One rubric's non-empty §15 table.
 #[derive(Debug, Clone, PartialEq)]
@@ -228,6 +236,18 @@ impl ConfusionTable {
         params: &ConfusionParams,
         sums: impl IntoIterator<Item = (Id, ConfusionTerms)>,
     ) -> Option<ConfusionTable> {
+        Self::build_with_pairs(params, sums, None)
+    }
+
+    /// [`ConfusionTable::build`], with the reviewers' rates fitted to
+    /// `pairs` when given and they hold a pair observation
+    /// ([`super::pairs::fit`], anchored at the moments when those identify
+    /// the rates); pairs naming a reviewer without sums are left out.
+    pub fn build_with_pairs(
+        params: &ConfusionParams,
+        sums: impl IntoIterator<Item = (Id, ConfusionTerms)>,
+        pairs: Option<&[VoterPair]>,
+    ) -> Option<ConfusionTable> {
         let mut sums: Vec<(Id, ConfusionTerms)> =
             sums.into_iter().filter(|(_, t)| t.c > 0).collect();
         // s is summed in `voter_id` byte order.
@@ -243,9 +263,31 @@ impl ConfusionTable {
         let n0 = params.prior_votes;
         let eps = params.rate_floor;
         let c = totals.c as f64;
+        let anchor = moment_rates(&totals, eps);
+        let fitted = pairs.and_then(|pairs| fit_pairs(params, &sums, pairs, anchor));
         let (rates_from, pi, se, sp, prior_rate, rated): (_, _, _, _, _, Vec<(Id, u64, Rates)>) =
-            match moment_rates(&totals, eps) {
-                Some((x, y, pi)) => {
+            match (fitted, anchor) {
+                (Some(fit), _) => {
+                    let rated = sums
+                        .into_iter()
+                        .zip(fit.rates)
+                        .map(|((v, t), (se_u, sp_u))| (v, t.c, Rates::of(se_u, sp_u)))
+                        .collect();
+                    let pi = fit.base_rate;
+                    if !(pi > 0.0 && pi < 1.0) {
+                        return None;
+                    }
+                    let prior_rate = (c * pi + n0 / 2.0) / (c + n0);
+                    (
+                        RatesFrom::Pairs,
+                        pi,
+                        fit.sensitivity,
+                        fit.specificity,
+                        prior_rate,
+                        rated,
+                    )
+                }
+                (None, Some((x, y, pi))) => {
                     let d = x - y;
                     let rated = sums
                         .into_iter()
@@ -268,7 +310,7 @@ impl ConfusionTable {
                     let prior_rate = (c * pi + n0 / 2.0) / (c + n0);
                     (RatesFrom::Moments, pi, x, 1.0 - y, prior_rate, rated)
                 }
-                None => {
+                (None, None) => {
                     let p_bar = unfix(totals.p);
                     let pi = totals.p as f64 / (u128::from(totals.c) << 40) as f64;
                     let se = unfix(totals.a) / p_bar;
@@ -360,6 +402,56 @@ impl ConfusionTable {
             (1.0 - x, -w)
         }
     }
+}
+
+/// The pair fit of `sums`' reviewers (sorted by `voter_id`, as `build`
+/// sorts them): indices are their places there, so (a, b) in byte order
+/// is (index a, index b) in order.
+fn fit_pairs(
+    params: &ConfusionParams,
+    sums: &[(Id, ConfusionTerms)],
+    pairs: &[VoterPair],
+    anchor: Option<(f64, f64, f64)>,
+) -> Option<super::pairs::PairFit> {
+    let index = |v: &Id| sums.binary_search_by(|(u, _)| u.cmp(v)).ok();
+    let mut counts: Vec<super::pairs::PairCount> = pairs
+        .iter()
+        .filter_map(|(a, b, counts)| {
+            let (a, b) = (index(a)?, index(b)?);
+            let [c00, c01, c10, c11] = *counts;
+            match a.cmp(&b) {
+                std::cmp::Ordering::Less => Some(super::pairs::PairCount {
+                    a,
+                    b,
+                    counts: *counts,
+                }),
+                // Given the other way round: the same pair, seen from b.
+                std::cmp::Ordering::Greater => Some(super::pairs::PairCount {
+                    a: b,
+                    b: a,
+                    counts: [c00, c10, c01, c11],
+                }),
+                std::cmp::Ordering::Equal => None,
+            }
+        })
+        .collect();
+    counts.sort_unstable_by_key(|p| (p.a, p.b));
+    // The same pair given twice counts once with both counts added, so
+    // the fit's order never depends on how the input was split.
+    counts.dedup_by(|later, kept| {
+        let same = (later.a, later.b) == (kept.a, kept.b);
+        if same {
+            for (k, l) in kept.counts.iter_mut().zip(later.counts) {
+                *k = k.saturating_add(l);
+            }
+        }
+        same
+    });
+    let fit_params = super::pairs::PairParams {
+        rate_floor: params.rate_floor,
+        ..Default::default()
+    };
+    super::pairs::fit(sums.len(), &counts, anchor, &fit_params)
 }
 
 /// The mean of a batch's counted values (y, r') with the prior (y₀, w₀)

@@ -330,3 +330,96 @@ fn check_6_rates_from_the_moments() {
     assert_close!(m, 0.681517);
     assert_close!(s, 0.681517);
 }
+
+/// How each pair of `VOTERS` voted together in `units`: (a, b) in
+/// `VOTERS` order, `counts[2·v_a + v_b]`.
+fn pairs_of(units: &[[f64; 4]]) -> Vec<VoterPair> {
+    let mut pairs = Vec::new();
+    for a in 0..VOTERS.len() {
+        for b in a + 1..VOTERS.len() {
+            let mut counts = [0; 4];
+            for unit in units {
+                counts[2 * unit[a] as usize + unit[b] as usize] += 1;
+            }
+            pairs.push((Id::from(VOTERS[a]), Id::from(VOTERS[b]), counts));
+        }
+    }
+    pairs
+}
+
+/// `pairs.py`'s `table(K, c, 100, 10, None)` on hour 0 (the moments do
+/// not identify the rates there, so the fit is not anchored).
+#[test]
+fn pair_table_agrees_with_the_simulation() {
+    let pairs = pairs_of(&HOUR_ZERO);
+    assert_eq!(pairs[0].2, [4, 0, 0, 1]);
+    assert_eq!(pairs[5].2, [1, 2, 0, 2]);
+    let sums = sums_of(&HOUR_ZERO);
+    assert_eq!(
+        moment_rates(
+            &sums.values().fold(ConfusionTerms::default(), |mut t, s| {
+                t.add(s);
+                t
+            }),
+            0.02
+        ),
+        None
+    );
+    let t = ConfusionTable::build_with_pairs(&ConfusionParams::default(), sums, Some(&pairs))
+        .expect("a table");
+    assert_eq!(t.rates_from, RatesFrom::Pairs);
+    assert_close!(t.base_rate, 0.2237100185061232);
+    assert_close!(t.sensitivity, 0.946130307490819);
+    assert_close!(t.specificity, 0.757382967844587);
+    let expect = [
+        ("a", 0.9115285, 0.9520784, 1.5447746, 1.24605773),
+        ("b", 0.9115285, 0.9520784, 1.5447746, 1.24605773),
+        ("c", 0.88600847, 0.81771051, 0.82921183, 1.033353),
+        ("l", 0.79298187, 0.47504417, 0.21632526, 0.43560258),
+    ];
+    for (voter, se, sp, pass, flag) in expect {
+        let s = t.sides(voter);
+        assert_eq!(s.votes, 5, "{voter}");
+        assert_close!(s.sensitivity, se);
+        assert_close!(s.specificity, sp);
+        assert_close!(s.pass_weight, pass);
+        assert_close!(s.flag_weight, flag);
+    }
+    assert_eq!(t.prior.0, 0.0);
+    assert_close!(t.prior.1, 0.49800332719281587);
+}
+
+/// A pair given the other way round, or its counts split over several
+/// entries (as partitions hand them over), makes the same table.
+#[test]
+fn pair_table_is_the_same_however_the_pairs_come() {
+    let params = ConfusionParams::default();
+    let pairs = pairs_of(&HOUR_ZERO);
+    let one = ConfusionTable::build_with_pairs(&params, sums_of(&HOUR_ZERO), Some(&pairs));
+    let mut other: Vec<VoterPair> = Vec::new();
+    for (a, b, [c00, c01, c10, c11]) in pairs.iter().rev().cloned() {
+        other.push((b.clone(), a.clone(), [c00, c10, c01, c11]));
+        other.push((a, b, [0, 0, 0, 0]));
+    }
+    // Hour 0's (a, c) pair as two entries: 2 + 1 times (0, 0).
+    other.retain(|(a, b, _)| !(a.as_str() == "c" && b.as_str() == "a"));
+    other.push((Id::from("a"), Id::from("c"), [2, 1, 0, 0]));
+    other.push((Id::from("c"), Id::from("a"), [1, 0, 0, 1]));
+    let two = ConfusionTable::build_with_pairs(&params, sums_of(&HOUR_ZERO), Some(&other));
+    assert!(one.is_some());
+    assert_eq!(one, two);
+}
+
+/// No pair observation (or pairs of reviewers without sums): the table
+/// the sums make on their own.
+#[test]
+fn without_pair_observations_the_sums_decide() {
+    let params = ConfusionParams::default();
+    let own = ConfusionTable::build(&params, sums_of(&HOUR_ZERO));
+    let stray = [(Id::from("x"), Id::from("y"), [3, 0, 0, 3])];
+    for pairs in [&[][..], &stray[..]] {
+        let t = ConfusionTable::build_with_pairs(&params, sums_of(&HOUR_ZERO), Some(pairs));
+        assert_eq!(t, own);
+    }
+    assert_eq!(own.map(|t| t.rates_from), Some(RatesFrom::Mean));
+}

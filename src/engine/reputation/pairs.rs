@@ -1,0 +1,182 @@
+//! A rubric's two-class rates fitted to per-pair co-vote counts, pure:
+//! the estimator `scripts/confusion/pairs.py` measures as the next
+//! reference of contract §15 (docs/decisions.md, "Next, measured but not
+//! built"). Not yet in force: no table is built from it and nothing is
+//! stored for it.
+//!
+//! The counts: per unordered pair of reviewers (a, b) that voted in the
+//! same unit of 0/1 values, how often they voted (0, 0), (0, 1), (1, 0)
+//! and (1, 1). They are integers, so they add up the same in any order
+//! and partitioning, like §14's and §15's sums.
+//!
+//! The fit is pairwise (composite-likelihood) EM: every co-vote is one
+//! observation of a latent class, P(v | 1) = se or 1 − se, P(v | 0) =
+//! 1 − sp or sp. A fixed number of rounds from a fixed start, in a fixed
+//! order (pairs as given, sorted by (a, b); reviewers by index), so the
+//! result is a function of the counts alone. No fused multiply-add.
+//!
+//! Pairs give two moments for three unknowns (π, x, y), so they do not
+//! identify a crowd of alike reviewers on their own: the fit starts at the
+//! agreement moments' (x, y, π) when those identify them
+//! ([`super::confusion::moment_rates`]) and shrinks each reviewer towards
+//! them; without them, towards the reviewer's own balanced accuracy (one
+//! coin while their votes are few, two as they grow).
+
+/// How often two reviewers (indices `a` < `b`) voted each way on the same
+/// units: `counts[2·v_a + v_b]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PairCount {
+    pub a: usize,
+    pub b: usize,
+    pub counts: [u64; 4],
+}
+
+/// The fit's constants.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairParams {
+    /// EM rounds (no early stop).
+    pub rounds: u32,
+    /// n₀ᵖ: the shrinkage, in pair observations (a vote in a unit of m
+    /// values makes m − 1 of them).
+    pub prior_pairs: f64,
+    /// ε: every rate is clamped to [ε, 1 − ε].
+    pub rate_floor: f64,
+}
+
+impl Default for PairParams {
+    fn default() -> Self {
+        PairParams {
+            rounds: 100,
+            prior_pairs: 10.0,
+            rate_floor: 0.02,
+        }
+    }
+}
+
+/// What the fit gives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairFit {
+    /// π: the share of class 1 among the pair observations.
+    pub base_rate: f64,
+    /// The rubric's se and sp (clamped to [ε, 1 − ε]).
+    pub sensitivity: f64,
+    pub specificity: f64,
+    /// (se_u, sp_u) per reviewer index (a reviewer in no pair: the target
+    /// its shrinkage pulls towards).
+    pub rates: Vec<(f64, f64)>,
+}
+
+/// Per reviewer, one round's expected counts: class-1 observations n₁,
+/// of them passes U; class-0 observations n₀, of them flags V.
+#[derive(Clone, Copy, Default)]
+struct Expected {
+    n1: f64,
+    u: f64,
+    n0: f64,
+    v: f64,
+}
+
+impl Expected {
+    fn add(&mut self, vote: usize, g1: f64, g0: f64) {
+        self.n1 += g1;
+        self.n0 += g0;
+        if vote == 1 {
+            self.u += g1;
+        } else {
+            self.v += g0;
+        }
+    }
+}
+
+/// (x + n₀·t) / (n + n₀) clamped to [ε, 1 − ε]; t when n + n₀ = 0.
+fn shrunk(x: f64, n: f64, n0: f64, t: f64, eps: f64) -> f64 {
+    let r = if n + n0 == 0.0 {
+        t
+    } else {
+        (x + n0 * t) / (n + n0)
+    };
+    r.clamp(eps, 1.0 - eps)
+}
+
+/// Fits `reviewers` reviewers' rates to `pairs` (sorted by (a, b), a < b <
+/// `reviewers`). `anchor`: the moments' (x, y, π) with x = se, y = 1 − sp,
+/// when they identify them. None when there is no pair observation.
+pub fn fit(
+    reviewers: usize,
+    pairs: &[PairCount],
+    anchor: Option<(f64, f64, f64)>,
+    params: &PairParams,
+) -> Option<PairFit> {
+    let total: u64 = pairs.iter().flat_map(|p| p.counts).sum();
+    if total == 0 {
+        return None;
+    }
+    let (n0, eps) = (params.prior_pairs, params.rate_floor);
+    let (start_se, start_sp, mut pi) = match anchor {
+        Some((x, y, pi)) => (x, 1.0 - y, pi),
+        None => (0.8, 0.8, 0.5),
+    };
+    let mut rates = vec![(start_se, start_sp); reviewers];
+    let (mut se_r, mut sp_r) = (0.8, 0.8);
+    let mut expected = vec![Expected::default(); reviewers];
+    for _ in 0..params.rounds {
+        expected.fill(Expected::default());
+        let mut class1 = 0.0;
+        for p in pairs {
+            let ((se_a, sp_a), (se_b, sp_b)) = (rates[p.a], rates[p.b]);
+            for (cell, &n) in p.counts.iter().enumerate() {
+                if n == 0 {
+                    continue;
+                }
+                let (va, vb) = (cell >> 1, cell & 1);
+                let l1 = if va == 1 { se_a } else { 1.0 - se_a }
+                    * if vb == 1 { se_b } else { 1.0 - se_b };
+                let l0 = if va == 1 { 1.0 - sp_a } else { sp_a }
+                    * if vb == 1 { 1.0 - sp_b } else { sp_b };
+                let g = pi * l1 / (pi * l1 + (1.0 - pi) * l0);
+                let n = n as f64;
+                let g1 = n * g;
+                let g0 = n - g1;
+                expected[p.a].add(va, g1, g0);
+                expected[p.b].add(vb, g1, g0);
+                class1 += g1;
+            }
+        }
+        pi = class1 / total as f64;
+        let mut sum = Expected::default();
+        for e in &expected {
+            sum.n1 += e.n1;
+            sum.u += e.u;
+            sum.n0 += e.n0;
+            sum.v += e.v;
+        }
+        if !(sum.n1 > 0.0 && sum.n0 > 0.0) {
+            break;
+        }
+        se_r = sum.u / sum.n1;
+        sp_r = sum.v / sum.n0;
+        for (r, e) in rates.iter_mut().zip(&expected) {
+            let target = match anchor {
+                Some((x, y, _)) => (x, 1.0 - y),
+                None => {
+                    let own =
+                        (shrunk(e.u, e.n1, n0, se_r, 0.0) + shrunk(e.v, e.n0, n0, sp_r, 0.0)) / 2.0;
+                    (own, own)
+                }
+            };
+            *r = (
+                shrunk(e.u, e.n1, n0, target.0, eps),
+                shrunk(e.v, e.n0, n0, target.1, eps),
+            );
+        }
+    }
+    Some(PairFit {
+        base_rate: pi,
+        sensitivity: se_r.clamp(eps, 1.0 - eps),
+        specificity: sp_r.clamp(eps, 1.0 - eps),
+        rates,
+    })
+}
+
+#[cfg(test)]
+mod tests;
