@@ -186,7 +186,7 @@ impl Rates {
 
 /// (x + n₀·prior) / (n + n₀) clamped to [ε, 1 − ε], or the prior clamped
 /// when the denominator is 0.
-fn shrunk(x: f64, n: f64, n0: f64, prior: f64, eps: f64) -> f64 {
+pub(super) fn shrunk(x: f64, n: f64, n0: f64, prior: f64, eps: f64) -> f64 {
     let r = if n + n0 == 0.0 {
         prior
     } else {

@@ -22,6 +22,8 @@
 //! them; without them, towards the reviewer's own balanced accuracy (one
 //! coin while their votes are few, two as they grow).
 
+use super::confusion::shrunk;
+
 /// How often two reviewers (indices `a` < `b`) voted each way on the same
 /// units: `counts[2·v_a + v_b]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,16 +88,6 @@ impl Expected {
             self.v += g0;
         }
     }
-}
-
-/// (x + n₀·t) / (n + n₀) clamped to [ε, 1 − ε]; t when n + n₀ = 0.
-fn shrunk(x: f64, n: f64, n0: f64, t: f64, eps: f64) -> f64 {
-    let r = if n + n0 == 0.0 {
-        t
-    } else {
-        (x + n0 * t) / (n + n0)
-    };
-    r.clamp(eps, 1.0 - eps)
 }
 
 /// Fits `reviewers` reviewers' rates to `pairs` (sorted by (a, b), a < b <
