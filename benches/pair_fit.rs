@@ -25,7 +25,9 @@ fn main() {
     // A small LCG: the same crowd every run, no dependency.
     let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = || {
-        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
         (state >> 11) as f64 / (1u64 << 53) as f64
     };
     let rates: Vec<(f64, f64)> = (0..reviewers)

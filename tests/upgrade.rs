@@ -10,9 +10,11 @@
 //! mode: its reputation topic too, and `replay --partition-files` as the
 //! run's oracle), 9 ([`write_format_9_fixtures`], commit 55b69dd,
 //! `learned` too), 10 ([`write_format_10_fixtures`], commit 0de2b72,
-//! `learned` too: its series values carry their open values) and 11
+//! `learned` too: its series values carry their open values), 11
 //! ([`write_format_11_fixtures`], commit e748c18, `learned` too: its
-//! sealed deltas have no contract §15 sums). The other
+//! sealed deltas have no contract §15 sums) and 12
+//! ([`write_format_12_fixtures`], commit dc2a84e, `learned` with contract
+//! §15's model `confusion`: its sealed deltas carry §15's sums). The other
 //! tests run this build on the second part and compare with a replay of
 //! the whole stream by this build, three for each format N:
 //!
@@ -137,6 +139,12 @@ impl Fixture {
 /// added contract §14's state (open values, sealed sums, waiting batches).
 fn learned_format(format: u32) -> bool {
     format >= 8
+}
+
+/// Whether the fixture of `format` is written with contract §15's model
+/// `confusion`: format 12 added its sums to the sealed deltas.
+fn confusion_format(format: u32) -> bool {
+    format >= 12
 }
 
 /// The reputation topic of a `learned` fixture.
@@ -659,6 +667,16 @@ fn write_format_10_fixtures() {
     write_fixtures(10, "0de2b72");
 }
 
+/// Writes `tests/fixtures/state-format-12/` (or `$JURYSTREAM_FIXTURE_OUT`)
+/// with the binary `$JURYSTREAM_FIXTURE_BIN`, a build of state format 12
+/// (commit dc2a84e), in contract §14's `learned` mode with contract §15's
+/// model `confusion`; needs the test broker. See the fixture's README.md.
+#[test]
+#[ignore = "writes the fixture with an old binary: JURYSTREAM_FIXTURE_BIN=… cargo test --test upgrade write_format_12_fixtures -- --ignored"]
+fn write_format_12_fixtures() {
+    write_fixtures(12, "dc2a84e");
+}
+
 /// Writes `tests/fixtures/state-format-11/` (or `$JURYSTREAM_FIXTURE_OUT`)
 /// with the binary `$JURYSTREAM_FIXTURE_BIN`, the build of state format 11
 /// (commit e748c18), in contract §14's `learned` mode; needs the test broker.
@@ -701,10 +719,14 @@ fn write_fixtures(format: u32, commit: &str) {
     };
     let learned_mode = learned_format(format);
     let extra = if learned_mode {
-        learned(NAME).replace(
+        let mut extra = learned(NAME).replace(
             "epoch_seconds = 60",
             &format!("epoch_seconds = {EPOCH_SECONDS}"),
-        )
+        );
+        if confusion_format(format) {
+            extra.push_str("model = \"confusion\"\n");
+        }
+        extra
     } else {
         String::new()
     };
@@ -903,7 +925,13 @@ replay printed {n_replay} events.
                  `votes_over_epochs(_, {VOTES}, {PARTITIONS})` (seed 11, then one vote per \
                  partition far after the last, in part 2), and `{REPUTATION_FILE}` holds the \
                  reputation topic at the kill as the changelog file does. The oracle of the \
-                 service tests is `replay --partition-files` of the input topic's partitions.\n",
+                 service tests is `replay --partition-files` of the input topic's partitions.{}\n",
+                if confusion_format(format) {
+                    " The `[reputation]` section sets `model = \"confusion\"` (contract §15): \
+                     units of 0/1 values add its sums to the sealed deltas."
+                } else {
+                    ""
+                },
                 rep = reputation_topic()
             )
         } else {
@@ -963,6 +991,11 @@ fn replay_continues_from_a_format_10_learned_state_directory() {
 #[test]
 fn replay_continues_from_a_format_11_learned_state_directory() {
     replay_continues(&Fixture::of_format(11));
+}
+
+#[test]
+fn replay_continues_from_a_format_12_confusion_state_directory() {
+    replay_continues(&Fixture::of_format(12));
 }
 
 /// This build's `replay` of part 2 into a copy of the old replay's state
@@ -1119,6 +1152,16 @@ fn run_restores_a_format_11_learned_changelog_and_continues_exactly() {
 #[test]
 fn run_continues_on_a_format_11_learned_state_directory_exactly() {
     run_continues(&Fixture::of_format(11), true);
+}
+
+#[test]
+fn run_restores_a_format_12_confusion_changelog_and_continues_exactly() {
+    run_continues(&Fixture::of_format(12), false);
+}
+
+#[test]
+fn run_continues_on_a_format_12_confusion_state_directory_exactly() {
+    run_continues(&Fixture::of_format(12), true);
 }
 
 /// A fresh broker holding the fixture's input and changelog records (at
