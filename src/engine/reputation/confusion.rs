@@ -9,6 +9,9 @@
 
 use rustc_hash::FxHashMap;
 
+use std::cmp::Ordering;
+
+use super::pairs::{PairCount, PairFit, PairParams};
 use super::{fix, unfix};
 use crate::input::Id;
 
@@ -412,26 +415,26 @@ fn fit_pairs(
     sums: &[(Id, ConfusionTerms)],
     pairs: &[VoterPair],
     anchor: Option<(f64, f64, f64)>,
-) -> Option<super::pairs::PairFit> {
+) -> Option<PairFit> {
     let index = |v: &Id| sums.binary_search_by(|(u, _)| u.cmp(v)).ok();
-    let mut counts: Vec<super::pairs::PairCount> = pairs
+    let mut counts: Vec<PairCount> = pairs
         .iter()
         .filter_map(|(a, b, counts)| {
             let (a, b) = (index(a)?, index(b)?);
             let [c00, c01, c10, c11] = *counts;
             match a.cmp(&b) {
-                std::cmp::Ordering::Less => Some(super::pairs::PairCount {
+                Ordering::Less => Some(PairCount {
                     a,
                     b,
                     counts: *counts,
                 }),
                 // Given the other way round: the same pair, seen from b.
-                std::cmp::Ordering::Greater => Some(super::pairs::PairCount {
+                Ordering::Greater => Some(PairCount {
                     a: b,
                     b: a,
                     counts: [c00, c10, c01, c11],
                 }),
-                std::cmp::Ordering::Equal => None,
+                Ordering::Equal => None,
             }
         })
         .collect();
@@ -447,7 +450,7 @@ fn fit_pairs(
         }
         same
     });
-    let fit_params = super::pairs::PairParams {
+    let fit_params = PairParams {
         rate_floor: params.rate_floor,
         ..Default::default()
     };
