@@ -4,10 +4,10 @@
 //! built"). Not yet in force: no table is built from it and nothing is
 //! stored for it.
 //!
-//! The counts: per unordered pair of reviewers (a, b) that voted in the
-//! same unit of 0/1 values, how often they voted (0, 0), (0, 1), (1, 0)
-//! and (1, 1). They are integers, so they add up the same in any order
-//! and partitioning, like §14's and §15's sums.
+//! The counts ([`PairSums`]): per unordered pair of reviewers (a, b) that
+//! voted in the same unit of 0/1 values, how often they voted (0, 0),
+//! (0, 1), (1, 0) and (1, 1). They are integers, so they add up the same
+//! in any order and partitioning, like §14's and §15's sums.
 //!
 //! The fit is pairwise (composite-likelihood) EM: every co-vote is one
 //! observation of a latent class, P(v | 1) = se or 1 − se, P(v | 0) =
@@ -22,7 +22,68 @@
 //! them; without them, towards the reviewer's own balanced accuracy (one
 //! coin while their votes are few, two as they grow).
 
-use super::confusion::shrunk;
+use std::collections::BTreeMap;
+
+use super::confusion::{shrunk, VoterPair};
+use crate::input::Id;
+
+/// A unit of more values than this adds no pair counts (its m(m − 1)/2
+/// increments would dominate a seal); its values' other §15 sums count
+/// as always.
+pub const MAX_PAIR_UNIT: usize = 64;
+
+/// Pair counts by `voter_id`: (a, b) with a < b in byte order →
+/// `counts[2·v_a + v_b]`. Integers, so any split of the units into parts,
+/// added in any order, gives the same sums.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PairSums(BTreeMap<(Id, Id), [u64; 4]>);
+
+impl PairSums {
+    /// Adds one unit's values (one per reviewer, in any order): every pair
+    /// of them once, when there are 2..=[`MAX_PAIR_UNIT`] and all are 0 or
+    /// 1 ([`super::confusion::counts`]); else nothing.
+    pub fn add_unit(&mut self, unit: &[(&Id, f64)]) {
+        let m = unit.len();
+        if !(2..=MAX_PAIR_UNIT).contains(&m) || !unit.iter().all(|&(_, v)| v == 0.0 || v == 1.0) {
+            return;
+        }
+        for (i, &(a, va)) in unit.iter().enumerate() {
+            for &(b, vb) in &unit[i + 1..] {
+                let ((a, va), (b, vb)) = if a < b {
+                    ((a, va), (b, vb))
+                } else {
+                    ((b, vb), (a, va))
+                };
+                let cell = 2 * usize::from(va == 1.0) + usize::from(vb == 1.0);
+                let counts = self.0.entry((a.clone(), b.clone())).or_default();
+                counts[cell] = counts[cell].saturating_add(1);
+            }
+        }
+    }
+
+    /// Adds another part's sums.
+    pub fn merge(&mut self, other: &PairSums) {
+        for (key, add) in &other.0 {
+            let counts = self.0.entry(key.clone()).or_default();
+            for (c, a) in counts.iter_mut().zip(add) {
+                *c = c.saturating_add(*a);
+            }
+        }
+    }
+
+    /// The pairs in (a, b) byte order, as
+    /// [`super::confusion::ConfusionTable::build_with_pairs`] takes them.
+    pub fn to_vec(&self) -> Vec<VoterPair> {
+        self.0
+            .iter()
+            .map(|((a, b), counts)| (a.clone(), b.clone(), *counts))
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
 
 /// How often two reviewers (indices `a` < `b`) voted each way on the same
 /// units: `counts[2·v_a + v_b]`.

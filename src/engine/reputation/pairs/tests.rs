@@ -166,3 +166,118 @@ fn finds_a_lenient_and_a_harsh_reviewer() {
     assert!(f.rates[2].1 < 0.6 && f.rates[2].0 > 0.85, "{f:?}");
     assert!(f.rates[3].0 < 0.6 && f.rates[3].1 > 0.85, "{f:?}");
 }
+
+#[test]
+fn a_unit_adds_each_pair_once_in_byte_order() {
+    let (a, b, c) = (Id::from("a"), Id::from("b"), Id::from("c"));
+    let mut sums = PairSums::default();
+    sums.add_unit(&[(&c, 1.0), (&a, 0.0), (&b, 1.0)]);
+    sums.add_unit(&[(&b, 0.0), (&a, 0.0)]);
+    assert_eq!(
+        sums.to_vec(),
+        vec![
+            (a.clone(), b.clone(), [1, 1, 0, 0]),
+            (a.clone(), c.clone(), [0, 1, 0, 0]),
+            (b.clone(), c.clone(), [0, 0, 0, 1]),
+        ]
+    );
+    // A graded value, a lone value or a unit too large adds nothing.
+    let before = sums.clone();
+    sums.add_unit(&[(&a, 1.0), (&b, 0.5)]);
+    sums.add_unit(&[(&a, 1.0)]);
+    let many: Vec<Id> = (0..=MAX_PAIR_UNIT)
+        .map(|i| Id::from(format!("v{i:03}")))
+        .collect();
+    let unit: Vec<(&Id, f64)> = many.iter().map(|v| (v, 1.0)).collect();
+    sums.add_unit(&unit);
+    assert_eq!(sums, before);
+    sums.add_unit(&unit[..MAX_PAIR_UNIT]);
+    assert_eq!(
+        sums.to_vec().len(),
+        3 + MAX_PAIR_UNIT * (MAX_PAIR_UNIT - 1) / 2
+    );
+}
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::engine::reputation::confusion::{
+        value_terms, ConfusionParams, ConfusionTable, ConfusionTerms,
+    };
+
+    /// Units of 2–6 distinct reviewers of ten, each with a 0/1 value, and
+    /// a part (0–3) each unit is sealed in.
+    fn units() -> impl Strategy<Value = Vec<(Vec<(u8, bool)>, u8)>> {
+        let unit = proptest::sample::subsequence((0u8..10).collect::<Vec<_>>(), 2..=6)
+            .prop_flat_map(|voters| {
+                let n = voters.len();
+                (Just(voters), proptest::collection::vec(any::<bool>(), n))
+            })
+            .prop_map(|(voters, values)| voters.into_iter().zip(values).collect::<Vec<_>>());
+        proptest::collection::vec((unit, 0u8..4), 1..40)
+    }
+
+    fn id(v: u8) -> Id {
+        Id::from(format!("r{v}"))
+    }
+
+    /// The pair sums and the §15 per-reviewer sums of `units`, in the
+    /// order given.
+    fn sums_of<'a>(
+        units: impl Iterator<Item = &'a Vec<(u8, bool)>>,
+    ) -> (PairSums, BTreeMap<Id, ConfusionTerms>) {
+        let mut pairs = PairSums::default();
+        let mut terms: BTreeMap<Id, ConfusionTerms> = BTreeMap::new();
+        for unit in units {
+            let ids: Vec<(Id, f64)> = unit
+                .iter()
+                .map(|&(v, x)| (id(v), f64::from(u8::from(x))))
+                .collect();
+            let unit_ref: Vec<(&Id, f64)> = ids.iter().map(|(v, x)| (v, *x)).collect();
+            pairs.add_unit(&unit_ref);
+            let mut sorted = ids.clone();
+            sorted.sort_by(|x, y| x.0.cmp(&y.0));
+            let mut s = 0.0;
+            for (_, x) in &sorted {
+                s += x;
+            }
+            for (v, x) in &sorted {
+                terms
+                    .entry(v.clone())
+                    .or_default()
+                    .add(&value_terms(s, sorted.len(), *x));
+            }
+        }
+        (pairs, terms)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Any split of the units into parts, each part's sums merged in
+        /// any order, gives the same pair sums and the same table, bit for
+        /// bit, as the units taken at once.
+        #[test]
+        fn any_split_and_order_gives_the_same_table(units in units(), reverse in any::<bool>()) {
+            let (whole, terms) = sums_of(units.iter().map(|(u, _)| u));
+            let mut parts: Vec<PairSums> = (0..4u8)
+                .map(|p| sums_of(units.iter().filter(|(_, q)| *q == p).map(|(u, _)| u)).0)
+                .collect();
+            if reverse {
+                parts.reverse();
+            }
+            let mut merged = PairSums::default();
+            for part in &parts {
+                merged.merge(part);
+            }
+            prop_assert_eq!(&merged, &whole);
+            let params = ConfusionParams::default();
+            let one = ConfusionTable::build_with_pairs(&params, terms.clone(), Some(&whole.to_vec()));
+            let mut shuffled = merged.to_vec();
+            shuffled.reverse();
+            let two = ConfusionTable::build_with_pairs(&params, terms, Some(&shuffled));
+            prop_assert_eq!(format!("{one:?}"), format!("{two:?}"));
+        }
+    }
+}
