@@ -11,7 +11,8 @@ use rustc_hash::FxHashMap;
 
 use std::cmp::Ordering;
 
-use super::pairs::{PairCount, PairFit, PairParams};
+use super::pairs::{shrunk, PairCount, PairFit, PairParams, VoterPair};
+
 use super::{fix, unfix};
 use crate::input::Id;
 
@@ -144,10 +145,6 @@ impl RatesFrom {
     }
 }
 
-/// One pair's co-vote counts by `voter_id`: (a, b), `counts[2·v_a + v_b]`
-/// ([`super::pairs::PairCount`]; stored with a < b in byte order).
-pub type VoterPair = (Id, Id, [u64; 4]);
-
 /// One rubric's non-empty §15 table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ConfusionTable {
@@ -185,17 +182,6 @@ impl Rates {
             flag: (sp / (1.0 - se)).ln(),
         }
     }
-}
-
-/// (x + n₀·prior) / (n + n₀) clamped to [ε, 1 − ε], or the prior clamped
-/// when the denominator is 0.
-pub(super) fn shrunk(x: f64, n: f64, n0: f64, prior: f64, eps: f64) -> f64 {
-    let r = if n + n0 == 0.0 {
-        prior
-    } else {
-        (x + n0 * prior) / (n + n0)
-    };
-    r.clamp(eps, 1.0 - eps)
 }
 
 /// The rubric's rates from the agreement moments (contract §15): (x, y,

@@ -24,8 +24,22 @@
 
 use std::collections::BTreeMap;
 
-use super::confusion::{shrunk, VoterPair};
 use crate::input::Id;
+
+/// One pair's co-vote counts by `voter_id`: (a, b), `counts[2·v_a + v_b]`
+/// ([`PairCount`]; stored with a < b in byte order).
+pub type VoterPair = (Id, Id, [u64; 4]);
+
+/// (x + n₀·prior) / (n + n₀) clamped to [ε, 1 − ε], or the prior clamped
+/// when the denominator is 0.
+pub(super) fn shrunk(x: f64, n: f64, n0: f64, prior: f64, eps: f64) -> f64 {
+    let r = if n + n0 == 0.0 {
+        prior
+    } else {
+        (x + n0 * prior) / (n + n0)
+    };
+    r.clamp(eps, 1.0 - eps)
+}
 
 /// A unit of more values than this adds no pair counts (its m(m − 1)/2
 /// increments would dominate a seal); its values' other §15 sums count
