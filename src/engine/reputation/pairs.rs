@@ -1,8 +1,8 @@
 //! A rubric's two-class rates fitted to per-pair co-vote counts, pure:
 //! the estimator `scripts/confusion/pairs.py` measures as the next
 //! reference of contract §15 (docs/decisions.md, "Next, measured but not
-//! built"). Not yet in force: no table is built from it and nothing is
-//! stored for it.
+//! built"). Not yet in force: the engine stores no pair counts and never
+//! calls `ConfusionTable::build_with_pairs`, the table built from them.
 //!
 //! The counts ([`PairSums`]): per unordered pair of reviewers (a, b) that
 //! voted in the same unit of 0/1 values, how often they voted (0, 0),
@@ -55,7 +55,7 @@ pub struct PairSums(BTreeMap<(Id, Id), [u64; 4]>);
 impl PairSums {
     /// Adds one unit's values (one per reviewer, in any order): every pair
     /// of them once, when there are 2..=[`MAX_PAIR_UNIT`] and all are 0 or
-    /// 1 ([`super::confusion::counts`]); else nothing.
+    /// 1 (the units §15's sums count); else nothing.
     pub fn add_unit(&mut self, unit: &[(&Id, f64)]) {
         let m = unit.len();
         if !(2..=MAX_PAIR_UNIT).contains(&m) || !unit.iter().all(|&(_, v)| v == 0.0 || v == 1.0) {
@@ -92,10 +92,6 @@ impl PairSums {
             .iter()
             .map(|((a, b), counts)| (a.clone(), b.clone(), *counts))
             .collect()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 
