@@ -375,7 +375,7 @@ impl Engine {
                 let key = (rubric, epoch, voter);
                 match &mut self.shared {
                     None => self.tables.add(&key.0, epoch, &key.2, &t),
-                    Some(s) => s.to_publish.push((key.clone(), t)),
+                    Some(s) => s.to_publish.push((key.clone(), t.clone())),
                 }
                 self.sealed.push((key, t));
             }

@@ -20,6 +20,7 @@ pub mod confusion;
 pub mod pairs;
 
 use confusion::ConfusionTerms;
+use pairs::{PairRow, PairSums, VoterPair};
 
 /// `reputation.mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,14 +127,17 @@ pub type TermsKey = (Id, Epoch, Id);
 
 /// What a reviewer's values in sealed units add up to: `n` values, `q` =
 /// Σ fix(d²), `h` = Σ fix(1 / (m − 1)) (contract §14), and the sums of
-/// contract §15 (`confusion`, zero in a delta sealed before they existed).
+/// contract §15 (`confusion`, zero in a delta sealed before they existed;
+/// `pairs`, the co-vote counts of the pairs this reviewer is first of in
+/// `voter_id` byte order, empty in a delta sealed before they existed).
 /// Exact integers (2⁻⁴⁰ fixed point), so sums are the same in any order.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Terms {
     pub n: u64,
     pub q: u128,
     pub h: u128,
     pub confusion: ConfusionTerms,
+    pub pairs: PairRow,
 }
 
 impl Terms {
@@ -144,6 +148,7 @@ impl Terms {
             q,
             h,
             confusion: ConfusionTerms::default(),
+            pairs: PairRow::default(),
         }
     }
 
@@ -152,6 +157,7 @@ impl Terms {
         self.q = self.q.saturating_add(o.q);
         self.h = self.h.saturating_add(o.h);
         self.confusion.add(&o.confusion);
+        self.pairs.add(&o.pairs);
     }
 }
 
@@ -198,6 +204,7 @@ pub fn unit_terms(values: &[f64]) -> Option<Vec<Terms>> {
                     } else {
                         ConfusionTerms::default()
                     },
+                    pairs: PairRow::default(),
                 }
             })
             .collect(),
@@ -227,6 +234,7 @@ pub fn seal<'a>(
 #[derive(Debug, Default)]
 pub struct Sealer {
     sums: FxHashMap<Id, FxHashMap<Id, Terms>>,
+    pairs: FxHashMap<Id, PairSums>,
     unit: Vec<(Id, f64)>,
     values: Vec<f64>,
 }
@@ -253,6 +261,17 @@ impl Sealer {
         let Some(terms) = unit_terms(&self.values) else {
             return;
         };
+        if self.unit.len() <= pairs::MAX_PAIR_UNIT && confusion::counts(&self.values) {
+            let unit: Vec<(&Id, f64)> = self.unit.iter().map(|(v, x)| (v, *x)).collect();
+            match self.pairs.get_mut(rubric) {
+                Some(p) => p.add_unit(&unit),
+                None => {
+                    let mut p = PairSums::default();
+                    p.add_unit(&unit);
+                    self.pairs.insert(rubric.clone(), p);
+                }
+            }
+        }
         let sums = self.sums.entry(rubric.clone()).or_default();
         for ((voter, _), t) in self.unit.iter().zip(terms) {
             match sums.get_mut(voter) {
@@ -264,8 +283,19 @@ impl Sealer {
         }
     }
 
-    /// The epoch's deltas, by (rubric, reviewer).
-    pub fn finish(self) -> BTreeMap<(Id, Id), Terms> {
+    /// The epoch's deltas, by (rubric, reviewer); each pair's counts in
+    /// the delta of its first reviewer.
+    pub fn finish(mut self) -> BTreeMap<(Id, Id), Terms> {
+        for (rubric, pairs) in self.pairs {
+            let Some(voters) = self.sums.get_mut(&rubric) else {
+                continue;
+            };
+            for (first, row) in pairs.into_rows() {
+                // Every reviewer of a pair has a value of the unit, so a
+                // delta.
+                voters.entry(first).or_default().pairs = row;
+            }
+        }
         self.sums
             .into_iter()
             .flat_map(|(r, voters)| voters.into_iter().map(move |(v, t)| ((r.clone(), v), t)))
@@ -286,8 +316,8 @@ pub struct Table {
     pub confusion: Option<confusion::ConfusionTable>,
 }
 
-/// A reviewer in a [`Table`].
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// A reviewer in a [`Table`] (`terms` without its pair counts).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Rated {
     pub terms: Terms,
     pub noise_variance: f64,
@@ -298,7 +328,15 @@ impl Table {
     /// The table of a rubric's per-reviewer sums, in f64 in contract §14's
     /// order (Rust never fuses a multiply-add unless asked).
     pub fn build(p: &ReputationParams, sums: impl IntoIterator<Item = (Id, Terms)>) -> Table {
-        let sums: Vec<(Id, Terms)> = sums.into_iter().filter(|(_, t)| t.n > 0).collect();
+        let mut sums: Vec<(Id, Terms)> = sums.into_iter().filter(|(_, t)| t.n > 0).collect();
+        // The pair counts go to §15's fit; the rubric's totals and each
+        // reviewer's row keep the sums.
+        let mut pairs: Vec<VoterPair> = Vec::new();
+        for (voter, t) in &mut sums {
+            for (partner, counts) in std::mem::take(&mut t.pairs).0 {
+                pairs.push((voter.clone(), partner, counts));
+            }
+        }
         let mut totals = Terms::default();
         for (_, t) in &sums {
             totals.add(t);
@@ -314,6 +352,7 @@ impl Table {
             &p.confusion,
             sums.iter().map(|(v, t)| (v.clone(), t.confusion)),
         );
+        let _ = pairs;
         let n0 = p.prior_votes;
         let f = p.noise_floor;
         let voters = sums
@@ -430,14 +469,14 @@ impl Tables {
         if let Some(until) = self.base_until {
             for (rubric, voters) in &self.base {
                 for (voter, t) in voters {
-                    out.push(((rubric.clone(), until, voter.clone()), *t));
+                    out.push(((rubric.clone(), until, voter.clone()), t.clone()));
                 }
             }
         }
         for (epoch, rubrics) in &self.recent {
             for (rubric, voters) in rubrics {
                 for (voter, t) in voters {
-                    out.push(((rubric.clone(), *epoch, voter.clone()), *t));
+                    out.push(((rubric.clone(), *epoch, voter.clone()), t.clone()));
                 }
             }
         }

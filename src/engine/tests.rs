@@ -386,7 +386,7 @@ impl Model {
             Change::OpenValueGone(k) => panic!("no format-8 record was restored: {k:?}"),
             Change::Terms(k, t) => {
                 assert!(
-                    self.terms.insert(k.clone(), *t).is_none(),
+                    self.terms.insert(k.clone(), t.clone()).is_none(),
                     "{k:?} sealed twice"
                 );
             }
@@ -414,7 +414,7 @@ impl Model {
         let mut e = Engine::restore(cfg, self.meta, series, self.batches.clone(), false);
         e.restore_reputation(
             open.into_iter().map(|(k, (v, held))| (k, v, held)),
-            self.terms.iter().map(|(k, t)| (k.clone(), *t)),
+            self.terms.iter().map(|(k, t)| (k.clone(), t.clone())),
             self.pending.iter().map(|(o, p)| (*o, p.clone())),
         );
         e.restore_board(self.board.clone());

@@ -99,7 +99,10 @@ fn whole_with(cfg: EngineConfig, votes: &[Vote]) -> (Vec<ScoreUpdate>, Model) {
 }
 
 fn terms(m: &Model) -> Vec<(TermsKey, Terms)> {
-    m.terms.iter().map(|(k, t)| (k.clone(), *t)).collect()
+    m.terms
+        .iter()
+        .map(|(k, t)| (k.clone(), t.clone()))
+        .collect()
 }
 
 proptest! {
@@ -169,7 +172,7 @@ proptest! {
             one_sums.entry(k.clone()).or_default().add(t);
         }
         let sealed = |m: &BTreeMap<TermsKey, Terms>| -> Vec<(TermsKey, Terms)> {
-            m.iter().filter(|(k, _)| k.1 <= upto).map(|(k, t)| (k.clone(), *t)).collect()
+            m.iter().filter(|(k, _)| k.1 <= upto).map(|(k, t)| (k.clone(), t.clone())).collect()
         };
         prop_assert_eq!(sealed(&sums), sealed(&one_sums));
     }
@@ -323,7 +326,7 @@ proptest! {
             models[p].persist(&mut engines[p]);
             for (k, t) in &models[p].terms {
                 if !before.contains(k) {
-                    published.push((k.clone(), *t));
+                    published.push((k.clone(), t.clone()));
                     for e in engines.iter_mut() {
                         e.add_delta(&k.0, k.1, &k.2, t);
                     }

@@ -79,10 +79,21 @@ impl PairSums {
     pub fn merge(&mut self, other: &PairSums) {
         for (key, add) in &other.0 {
             let counts = self.0.entry(key.clone()).or_default();
-            for (c, a) in counts.iter_mut().zip(add) {
-                *c = c.saturating_add(*a);
+            *counts = add_counts(*counts, add);
+        }
+    }
+
+    /// The rows of the pairs' first reviewers: (a, its pairs' counts by b),
+    /// in byte order (what the sealed deltas of (rubric, epoch, a) hold).
+    pub fn into_rows(self) -> Vec<(Id, PairRow)> {
+        let mut rows: Vec<(Id, PairRow)> = Vec::new();
+        for ((a, b), counts) in self.0 {
+            match rows.last_mut() {
+                Some((last, row)) if *last == a => row.0.push((b, counts)),
+                _ => rows.push((a, PairRow(vec![(b, counts)]))),
             }
         }
+        rows
     }
 
     /// The pairs in (a, b) byte order, as
@@ -93,6 +104,67 @@ impl PairSums {
             .map(|((a, b), counts)| (a.clone(), b.clone(), *counts))
             .collect()
     }
+}
+
+/// A reviewer a's pair counts as a sealed delta holds them: (b, counts)
+/// for every pair (a, b) with a < b in byte order, sorted by b.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PairRow(pub Vec<(Id, [u64; 4])>);
+
+impl PairRow {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// A row from (partner, counts) in any order: sorted by partner, a
+    /// partner given twice once with its counts added.
+    pub fn normalized(mut row: Vec<(Id, [u64; 4])>) -> PairRow {
+        if row.is_sorted_by(|x, y| x.0 < y.0) {
+            return PairRow(row);
+        }
+        row.sort_by(|x, y| x.0.cmp(&y.0));
+        row.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 = add_counts(kept.1, &later.1);
+            }
+            same
+        });
+        PairRow(row)
+    }
+
+    /// Adds another row of the same reviewer (a sorted merge: partners
+    /// in both add their counts).
+    pub fn add(&mut self, o: &PairRow) {
+        if o.0.is_empty() {
+            return;
+        }
+        if self.0.is_empty() {
+            self.0.clone_from(&o.0);
+            return;
+        }
+        let mine = std::mem::take(&mut self.0);
+        let mut out = Vec::with_capacity(mine.len().max(o.0.len()));
+        let mut theirs = o.0.iter().peekable();
+        for (b, counts) in mine {
+            while let Some((ob, oc)) = theirs.next_if(|(ob, _)| *ob < b) {
+                out.push((ob.clone(), *oc));
+            }
+            match theirs.next_if(|(ob, _)| *ob == b) {
+                Some((_, oc)) => out.push((b, add_counts(counts, oc))),
+                None => out.push((b, counts)),
+            }
+        }
+        out.extend(theirs.cloned());
+        self.0 = out;
+    }
+}
+
+fn add_counts(mut c: [u64; 4], o: &[u64; 4]) -> [u64; 4] {
+    for (c, o) in c.iter_mut().zip(o) {
+        *c = c.saturating_add(*o);
+    }
+    c
 }
 
 /// How often two reviewers (indices `a` < `b`) voted each way on the same

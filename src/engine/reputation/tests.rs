@@ -49,8 +49,8 @@ fn hour_zero() -> BTreeMap<(Id, Id), Terms> {
 #[test]
 fn worked_check_one_terms_and_weights() {
     let terms = hour_zero();
-    let a = terms[&("helpfulness".into(), "a".into())];
-    let c = terms[&("helpfulness".into(), "c".into())];
+    let a = &terms[&("helpfulness".into(), "a".into())];
+    let c = &terms[&("helpfulness".into(), "c".into())];
     assert_eq!((a.n, a.q, a.h), (3, fix(0.75), fix(1.5)));
     assert_eq!((c.n, c.q, c.h), (3, fix(3.0), fix(1.5)));
     // §15's sums ride along: a sees o = 1/2 in each unit, c sees o = 1, 0, 1.
@@ -63,6 +63,46 @@ fn worked_check_one_terms_and_weights() {
     assert!(close(table.weight("b"), 1.703125));
     assert!(close(table.weight("c"), 0.547739));
     assert_eq!(table.weight("nobody"), 1.0);
+}
+
+/// Each pair's counts ride in the delta of its first reviewer in byte
+/// order: a holds (a, b) and (a, c), b holds (b, c), c none.
+#[test]
+fn pair_counts_ride_in_the_first_reviewers_delta() {
+    let terms = hour_zero();
+    let row = |v: &str| terms[&("helpfulness".into(), v.into())].pairs.clone();
+    // (a, b) voted (1, 1), (0, 0), (1, 1); (a, c) and (b, c) (1, 0),
+    // (0, 1), (1, 0): counts[2·v_first + v_second].
+    assert_eq!(
+        row("a"),
+        PairRow(vec![("b".into(), [1, 0, 0, 2]), ("c".into(), [0, 1, 2, 0])])
+    );
+    assert_eq!(row("b"), PairRow(vec![("c".into(), [0, 1, 2, 0])]));
+    assert!(row("c").is_empty());
+    // Added over epochs and partitions as any other sum, per partner.
+    let mut tables = Tables::default();
+    let r = Id::from("helpfulness");
+    for epoch in [10, 11] {
+        for ((_, voter), t) in hour_zero() {
+            tables.add(&r, epoch, &voter, &t);
+        }
+    }
+    let mut extra = Terms::noise(1, 0, 0);
+    extra.pairs = PairRow(vec![
+        ("a0".into(), [1, 1, 1, 1]),
+        ("c".into(), [0, 0, 0, 5]),
+    ]);
+    tables.add(&r, 11, &Id::from("a"), &extra);
+    assert_eq!(
+        tables.sums(&r, 11)[&Id::from("a")].pairs,
+        PairRow(vec![
+            ("a0".into(), [1, 1, 1, 1]),
+            ("b".into(), [2, 0, 0, 4]),
+            ("c".into(), [0, 2, 4, 5]),
+        ])
+    );
+    tables.fold_through(11);
+    assert_eq!(tables.sums(&r, 11)[&Id::from("a")].pairs.0.len(), 3);
 }
 
 #[test]
@@ -92,7 +132,7 @@ fn abstentions_and_lone_values_make_no_unit() {
     ];
     let out = seal(vals.iter().map(|(a, b, c)| (*a, *b, c)));
     assert_eq!(out.len(), 2);
-    let d = out[&("tone".into(), "d".into())];
+    let d = &out[&("tone".into(), "d".into())];
     assert_eq!((d.n, d.q, d.h), (1, fix(1.0), fix(1.0)));
     // d's 1 against f's 0: o = 0, so nothing towards p or a, and b 0.
     assert_eq!(

@@ -1,5 +1,6 @@
 use super::*;
 use crate::engine::reputation::confusion::ConfusionTerms;
+use crate::engine::reputation::pairs::PairRow;
 use crate::engine::Models;
 
 fn tp(p: i32) -> Tp {
@@ -19,6 +20,7 @@ fn terms(n: u64) -> Terms {
             c3: n,
             t3: n as u128 * 3,
         },
+        pairs: PairRow(vec![("zz".into(), [n, 0, 1, n])]),
     }
 }
 

@@ -71,7 +71,7 @@ use reputation::{series_parts, SeriesParts};
 pub use service::*;
 
 /// The format this build writes.
-pub const FORMAT: u8 = 12;
+pub const FORMAT: u8 = 13;
 
 /// The first format with the format byte; every value of 7 reads as 8.
 pub const FIRST_TAGGED: u8 = 7;

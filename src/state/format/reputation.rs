@@ -1,10 +1,12 @@
 //! contract §14's records (formats 8 on): a series' open values as its
 //! value holds them (formats 10 on), the `e` and `h` records of formats 8 and
-//! 9 (still read), sealed deltas (with contract §15's sums from format 12),
+//! 9 (still read), sealed deltas (with contract §15's sums from format 12,
+//! its pair counts from format 13),
 //! and the keys of all three.
 
 use super::{decode, encode, payload, FormatError, SeriesIn};
 use crate::engine::reputation::confusion::ConfusionTerms;
+use crate::engine::reputation::pairs::PairRow;
 use crate::engine::reputation::{Epoch, OpenKey, OpenValue, Terms, TermsKey};
 use crate::engine::SeriesKey;
 use crate::input::Id;
@@ -152,37 +154,59 @@ pub fn decode_open_unit(v: &[u8]) -> Result<Option<Vec<(Id, OpenValue)>>, Format
 /// A sealed delta of formats 8 to 11 (contract §14): n, q, h.
 type TermsL11 = (u64, u128, u128);
 
-/// A sealed delta (format 12 on): n, q, h, then contract §15's c, p, a,
-/// b, c3, t3.
-pub(super) type TermsL = (u64, u128, u128, (u64, u128, u128, u128, u64, u128));
+/// Contract §15's sums in a sealed delta: c, p, a, b, c3, t3.
+type ConfusionL = (u64, u128, u128, u128, u64, u128);
 
-pub(super) fn terms_layout(t: &Terms) -> TermsL {
+/// A sealed delta of format 12: n, q, h, then contract §15's sums.
+pub(super) type TermsL12 = (u64, u128, u128, ConfusionL);
+
+/// A sealed delta (format 13 on): format 12's, then the reviewer's pair
+/// row, (partner, counts) sorted by partner.
+pub(super) type TermsL = (u64, u128, u128, ConfusionL, Vec<(Id, [u64; 4])>);
+
+/// [`TermsL`] borrowed, as it is written.
+pub(super) type TermsRef<'a> = (u64, u128, u128, ConfusionL, &'a [(Id, [u64; 4])]);
+
+pub(super) fn terms_layout(t: &Terms) -> TermsRef<'_> {
     let c = &t.confusion;
-    (t.n, t.q, t.h, (c.c, c.p, c.a, c.b, c.c3, c.t3))
+    (t.n, t.q, t.h, (c.c, c.p, c.a, c.b, c.c3, c.t3), &t.pairs.0)
 }
 
-pub(super) fn terms_of((n, q, h, (c, p, a, b, c3, t3)): TermsL) -> Terms {
+pub(super) fn terms_of_12((n, q, h, (c, p, a, b, c3, t3)): TermsL12) -> Terms {
     Terms {
         n,
         q,
         h,
         confusion: ConfusionTerms { c, p, a, b, c3, t3 },
+        pairs: PairRow::default(),
+    }
+}
+
+/// A read row is put in order (a reader never trusts a stored order).
+pub(super) fn terms_of((n, q, h, confusion, pairs): TermsL) -> Terms {
+    Terms {
+        pairs: PairRow::normalized(pairs),
+        ..terms_of_12((n, q, h, confusion))
     }
 }
 
 pub fn encode_terms(t: &Terms) -> Vec<u8> {
-    encode::<TermsL>(&terms_layout(t))
+    encode::<TermsRef<'_>>(&terms_layout(t))
 }
 
-/// A sealed delta; one of a format before 12 has no §15 sums (zero).
+/// A sealed delta; one of a format before 12 has no §15 sums (zero), one
+/// before 13 no pair counts.
 pub fn decode_terms(v: &[u8]) -> Result<Terms, FormatError> {
     let (format, bytes) = payload(v)?;
     let layout = |source| FormatError::Layout { format, source };
-    if format < 12 {
-        let (n, q, h): TermsL11 = postcard::from_bytes(bytes).map_err(layout)?;
-        return Ok(Terms::noise(n, q, h));
+    match format {
+        ..12 => {
+            let (n, q, h): TermsL11 = postcard::from_bytes(bytes).map_err(layout)?;
+            Ok(Terms::noise(n, q, h))
+        }
+        12 => postcard::from_bytes(bytes).map(terms_of_12).map_err(layout),
+        _ => postcard::from_bytes(bytes).map(terms_of).map_err(layout),
     }
-    postcard::from_bytes(bytes).map(terms_of).map_err(layout)
 }
 
 /// An open value's key after the kind byte: epoch, inference, rubric,

@@ -16,7 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::reputation::{terms_layout, terms_of, TermsL};
+use super::reputation::{terms_layout, terms_of, terms_of_12, TermsL, TermsL12};
 use super::{decode, each, encode, payload, FormatError, Seq};
 use crate::engine::reputation::{Epoch, Terms};
 use crate::input::Id;
@@ -161,26 +161,40 @@ pub fn encode_topic_delta(rows: &[(Id, Terms)]) -> Vec<u8> {
 /// A sealed delta's row before format 12: reviewer, n, q, h.
 type TopicRowL11 = (Id, u64, u128, u128);
 
-/// A sealed delta's row (format 12 on): reviewer, terms.
+/// A sealed delta's row of format 12: reviewer, terms.
+type TopicRowL12 = (Id, TermsL12);
+
+/// A sealed delta's row (format 13 on): reviewer, terms.
 type TopicRowL = (Id, TermsL);
 
 /// A sealed delta's rows; one of a format before 12 has no contract §15
-/// sums (zero).
+/// sums (zero), one before 13 no pair counts.
 pub fn decode_topic_delta(v: &[u8]) -> Result<Vec<(Id, Terms)>, FormatError> {
     let (format, bytes) = payload(v)?;
     let layout = |source| FormatError::Layout { format, source };
-    if format < 12 {
-        let rows: Vec<TopicRowL11> = postcard::from_bytes(bytes).map_err(layout)?;
-        return Ok(rows
-            .into_iter()
-            .map(|(voter, n, q, h)| (voter, Terms::noise(n, q, h)))
-            .collect());
+    match format {
+        ..12 => {
+            let rows: Vec<TopicRowL11> = postcard::from_bytes(bytes).map_err(layout)?;
+            Ok(rows
+                .into_iter()
+                .map(|(voter, n, q, h)| (voter, Terms::noise(n, q, h)))
+                .collect())
+        }
+        12 => {
+            let rows: Vec<TopicRowL12> = postcard::from_bytes(bytes).map_err(layout)?;
+            Ok(rows
+                .into_iter()
+                .map(|(voter, t)| (voter, terms_of_12(t)))
+                .collect())
+        }
+        _ => {
+            let rows: Vec<TopicRowL> = postcard::from_bytes(bytes).map_err(layout)?;
+            Ok(rows
+                .into_iter()
+                .map(|(voter, t)| (voter, terms_of(t)))
+                .collect())
+        }
     }
-    let rows: Vec<TopicRowL> = postcard::from_bytes(bytes).map_err(layout)?;
-    Ok(rows
-        .into_iter()
-        .map(|(voter, t)| (voter, terms_of(t)))
-        .collect())
 }
 
 /// A seal record's value: the newest epoch the partition has sealed.

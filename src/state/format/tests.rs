@@ -16,6 +16,7 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::engine::reputation::confusion::ConfusionTerms;
+use crate::engine::reputation::pairs::PairRow;
 use crate::engine::reputation::{OpenKey, Terms, TermsKey};
 use crate::state::keys;
 
@@ -211,6 +212,10 @@ fn layouts() -> Vec<(&'static str, Vec<u8>)> {
             c3: 2,
             t3: 1 << 39,
         },
+        pairs: PairRow(vec![
+            ("rev-2".into(), [4, 0, 1, 2]),
+            ("rev-3".into(), [0, 0, 0, 1 << 40]),
+        ]),
     };
     let v = encode_terms(&terms);
     assert_eq!(decode_terms(&v).unwrap(), terms);
@@ -335,7 +340,10 @@ fn layouts() -> Vec<(&'static str, Vec<u8>)> {
         })
     );
     out.push(("topic_delta_key", k));
-    let rows: Vec<(Id, Terms)> = vec![("rev-1".into(), terms), ("rev-2".into(), Terms::default())];
+    let rows: Vec<(Id, Terms)> = vec![
+        ("rev-1".into(), terms.clone()),
+        ("rev-2".into(), Terms::default()),
+    ];
     let v = encode_topic_delta(&rows);
     assert_eq!(decode_topic_delta(&v).unwrap(), rows);
     out.push(("topic_delta", v));
@@ -439,5 +447,66 @@ fn format_11_deltas_have_no_confusion_sums() {
     assert_eq!(
         rows,
         vec![("rev-1".into(), terms), ("rev-2".into(), Terms::default())]
+    );
+}
+
+/// Format 12's sealed deltas (the bytes of its layouts fixture) are read
+/// with their §15 sums and no pair counts.
+#[test]
+fn format_12_deltas_have_no_pair_counts() {
+    let unhex = |h: &str| -> Vec<u8> {
+        (0..h.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+            .collect()
+    };
+    let terms = Terms {
+        confusion: ConfusionTerms {
+            c: 3,
+            p: 1 << 41,
+            a: 1 << 40,
+            b: 77,
+            c3: 2,
+            t3: 1 << 39,
+        },
+        ..Terms::noise(3, 1 << 80, 12_345)
+    };
+    assert_eq!(
+        decode_terms(&unhex(
+            "0c03808080808080808080808008b960038080808080408080808080204d02808080808010"
+        ))
+        .unwrap(),
+        terms
+    );
+    let rows = decode_topic_delta(&unhex(
+        "0c02057265762d3103808080808080808080808008b960038080808080408080808080204d02808080808010057265762d32000000000000000000",
+    ))
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![("rev-1".into(), terms), ("rev-2".into(), Terms::default())]
+    );
+}
+
+/// A stored pair row out of order, or naming a partner twice, is read in
+/// order with the partner's counts added (a reader never trusts a stored
+/// order: the tables merge rows by partner).
+#[test]
+fn a_pair_row_is_read_in_order() {
+    let stored = Terms {
+        pairs: PairRow(vec![
+            ("rev-3".into(), [1, 0, 0, 0]),
+            ("rev-2".into(), [0, 1, 0, 0]),
+            ("rev-3".into(), [0, 0, 0, 2]),
+        ]),
+        ..Terms::noise(1, 0, 0)
+    };
+    let read = decode_terms(&encode_terms(&stored)).unwrap();
+    assert_eq!(
+        read.pairs,
+        PairRow(vec![
+            ("rev-2".into(), [0, 1, 0, 0]),
+            ("rev-3".into(), [1, 0, 0, 2])
+        ])
     );
 }
