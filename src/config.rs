@@ -311,6 +311,8 @@ pub struct Reputation {
     pub confusion_rate_floor: Option<f64>,
     #[serde(default)]
     pub confusion_max_weight: Option<f64>,
+    #[serde(default)]
+    pub confusion_pair_fit: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -130,36 +130,38 @@ fn worked_checks_through_replay() {
         assert_eq!(nums(&h1["batch"]["learned_weights"]), [1.0]);
         assert_eq!(h1["batch"]["prior"], Value::Null);
         assert_eq!(h1["batch"]["step"], h1["freshness"]);
-        // Check 3: lone passes of a, l and n (not in the table).
+        // Check 9 (check 3 with check 8's pair-fit table): lone passes of a,
+        // l and n (not in the table).
         let x_a = update(&events, "x-a");
         assert_all_near(
             "x-a weights",
             &nums(&x_a["batch"]["learned_weights"]),
-            &[1.601354],
+            &[1.544775],
         );
         assert_eq!(nums(&x_a["batch"]["counted_as"]), [1.0]);
         assert_eq!(x_a["batch"]["prior"]["value"], 0.0);
-        assert_near("x-a prior", num(&x_a["batch"]["prior"]["weight"]), 0.478061);
-        assert_near("x-a mean", num(&x_a["batch"]["mean_vote"]), 0.770098);
-        assert_near("x-a score", num(&x_a["score"]), 0.770098);
+        assert_near("x-a prior", num(&x_a["batch"]["prior"]["weight"]), 0.498003);
+        assert_near("x-a mean", num(&x_a["batch"]["mean_vote"]), 0.756213);
+        assert_near("x-a score", num(&x_a["score"]), 0.756213);
         assert_eq!(x_a["batch"]["table_until"], format!("{DAY}T01:00:00Z"));
         let x_l = update(&events, "x-l");
-        assert_near("x-l step", num(&x_l["batch"]["step"]), 0.533922);
-        assert_near("x-l mean", num(&x_l["batch"]["mean_vote"]), 0.527600);
-        assert_near("x-l score", num(&x_l["score"]), 0.514736);
-        assert_near("x-n score", num(&update(&events, "x-n")["score"]), 0.696844);
-        // Check 4: a's flag and l's pass; then c's flag and l's pass at r 2.
+        assert_near("x-l step", num(&x_l["batch"]["step"]), 0.216325);
+        assert_near("x-l mean", num(&x_l["batch"]["mean_vote"]), 0.302837);
+        assert_near("x-l score", num(&x_l["score"]), 0.457349);
+        assert_near("x-n score", num(&update(&events, "x-n")["score"]), 0.563527);
+        // Check 9 (check 4's batches): a's flag and l's pass; then c's flag
+        // and l's pass at r 2.
         let x_al = update(&events, "x-al");
         assert_all_near(
             "x-al weights",
             &nums(&x_al["batch"]["learned_weights"]),
-            &[0.835193, 0.533922],
+            &[1.246058, 0.216325],
         );
         assert_eq!(nums(&x_al["batch"]["counted_as"]), [0.0, 1.0]);
-        assert_near("x-al variance", num(&x_al["batch"]["variance"]), 0.237895);
-        assert_near("x-al mean", num(&x_al["batch"]["mean_vote"]), 0.289048);
-        assert_near("x-al step", num(&x_al["batch"]["step"]), 0.684557);
-        assert_near("x-al score", num(&x_al["score"]), 0.355591);
+        assert_near("x-al variance", num(&x_al["batch"]["variance"]), 0.126044);
+        assert_near("x-al mean", num(&x_al["batch"]["mean_vote"]), 0.110348);
+        assert_near("x-al step", num(&x_al["batch"]["step"]), 0.731191);
+        assert_near("x-al score", num(&x_al["score"]), 0.215090);
         let flag = events
             .iter()
             .find(|e| e["type"] == "ambiguity_flagged" && e["inference_id"] == "x-al")
@@ -169,17 +171,51 @@ fn worked_checks_through_replay() {
         assert_near(
             "x-al l's learned_weight",
             num(&fv[1]["learned_weight"]),
-            0.533922,
+            0.216325,
         );
         let x_cl = update(&events, "x-cl");
         assert_near(
             "x-cl weight_sum",
             num(&x_cl["batch"]["weight_sum"]),
-            2.011788,
+            1.466004,
         );
-        assert_near("x-cl mean", num(&x_cl["batch"]["mean_vote"]), 0.428879);
-        assert_near("x-cl score", num(&x_cl["score"]), 0.452306);
+        assert_near("x-cl mean", num(&x_cl["batch"]["mean_vote"]), 0.220290);
+        assert_near("x-cl score", num(&x_cl["score"]), 0.363315);
     }
+}
+
+/// `confusion_pair_fit = false`: the same sums (pair counts included)
+/// give check 2's table, from the mean, and check 3's scores.
+#[test]
+fn without_the_pair_fit_the_rates_come_from_the_mean() {
+    let dir = tempfile::tempdir().unwrap();
+    let votes = input(dir.path());
+    let cfg = dir.path().join("no-pair-fit.toml");
+    std::fs::write(
+        &cfg,
+        "[reputation]\nmode = \"learned\"\nepoch_seconds = 3600\nmodel = \"confusion\"\nconfusion_pair_fit = false\n",
+    )
+    .unwrap();
+    let events = replay(Some(&cfg), &votes, None, false);
+    let x_a = update(&events, "x-a");
+    assert_all_near(
+        "x-a weights",
+        &nums(&x_a["batch"]["learned_weights"]),
+        &[1.601354],
+    );
+    assert_near("x-a prior", num(&x_a["batch"]["prior"]["weight"]), 0.478061);
+    assert_near("x-a score", num(&x_a["score"]), 0.770098);
+    assert_near("x-l score", num(&update(&events, "x-l")["score"]), 0.514736);
+    assert_near(
+        "x-al score",
+        num(&update(&events, "x-al")["score"]),
+        0.355591,
+    );
+    assert_near(
+        "x-cl score",
+        num(&update(&events, "x-cl")["score"]),
+        0.452306,
+    );
 }
 
 /// Check 5: a batch with a graded value scores as under `noise` (the same
@@ -314,6 +350,14 @@ fn bad_configuration_names_the_key() {
             "[reputation]\nmodel = \"confusion\"\nconfusion_prior_votes = -1\n",
             "reputation.confusion_prior_votes",
         ),
+        (
+            "[reputation]\nconfusion_pair_fit = false\n",
+            "reputation.confusion_pair_fit",
+        ),
+        (
+            "[reputation]\nmodel = \"confusion\"\nconfusion_pair_fit = \"no\"\n",
+            "confusion_pair_fit",
+        ),
     ];
     for (i, (toml, key)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("bad-{i}.toml"));
@@ -372,10 +416,10 @@ fn the_reputation_command_shows_both_models() {
         let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
         let rubric = &doc["rubrics"][0];
         assert_eq!(rubric["model"], model);
-        assert_eq!(rubric["rates_from"], "mean");
-        assert_near("base_rate", num(&rubric["base_rate"]), 0.4);
-        assert_near("evidence_scale", num(&rubric["evidence_scale"]), 0.675172);
-        assert_near("prior_weight", num(&rubric["prior_weight"]), -0.478061);
+        assert_eq!(rubric["rates_from"], "pairs");
+        assert_near("base_rate", num(&rubric["base_rate"]), 0.223710);
+        assert_near("evidence_scale", num(&rubric["evidence_scale"]), 1.906787);
+        assert_near("prior_weight", num(&rubric["prior_weight"]), -0.498003);
         let voter = |id: &str| {
             doc["voters"]
                 .as_array()
@@ -387,10 +431,10 @@ fn the_reputation_command_shows_both_models() {
         };
         let (a, l) = (voter("a"), voter("l"));
         assert_eq!(a["confusion_votes"], 5);
-        assert_near("a sensitivity", num(&a["sensitivity"]), 0.534091);
-        assert_near("a pass_weight", num(&a["pass_weight"]), 1.601354);
-        assert_near("l pass_weight", num(&l["pass_weight"]), 0.533922);
-        assert_near("l flag_weight", num(&l["flag_weight"]), 0.712177);
+        assert_near("a sensitivity", num(&a["sensitivity"]), 0.911529);
+        assert_near("a pass_weight", num(&a["pass_weight"]), 1.544775);
+        assert_near("l pass_weight", num(&l["pass_weight"]), 0.216325);
+        assert_near("l flag_weight", num(&l["flag_weight"]), 0.435603);
         assert!(a["weight"].is_number(), "§14's ω stays");
     }
 }

@@ -317,7 +317,11 @@ impl Sections {
                 .values()
                 .any(|o| o.reputation_model == Some(Model::Confusion));
         if !used {
-            if let Some((key, _)) = options.iter().find(|(_, v)| v.is_some()) {
+            let pair_fit = r
+                .confusion_pair_fit
+                .map(|_| "reputation.confusion_pair_fit");
+            let set = options.iter().find(|(_, v)| v.is_some()).map(|(k, _)| *k);
+            if let Some(key) = set.or(pair_fit) {
                 return Err(ConfigError(format!(
                     "{key}: an option of reputation model \"confusion\", which no rubric uses \
                      (set reputation.model or rubrics.<id>.reputation_model to \"confusion\", \
@@ -345,6 +349,7 @@ impl Sections {
             prior_votes: r.confusion_prior_votes.unwrap_or(d.prior_votes),
             rate_floor: r.confusion_rate_floor.unwrap_or(d.rate_floor),
             max_weight: r.confusion_max_weight.unwrap_or(d.max_weight),
+            pair_fit: r.confusion_pair_fit.unwrap_or(d.pair_fit),
         }
     }
 

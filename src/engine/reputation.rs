@@ -348,11 +348,11 @@ impl Table {
             totals.q as f64 / denom as f64
         };
         let flat = totals.n == 0 || totals.q == 0;
-        let confusion = confusion::ConfusionTable::build(
+        let confusion = confusion::ConfusionTable::build_with_pairs(
             &p.confusion,
             sums.iter().map(|(v, t)| (v.clone(), t.confusion)),
+            p.confusion.pair_fit.then_some(&pairs[..]),
         );
-        let _ = pairs;
         let n0 = p.prior_votes;
         let f = p.noise_floor;
         let voters = sums

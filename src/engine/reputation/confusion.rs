@@ -98,6 +98,9 @@ pub struct ConfusionParams {
     pub rate_floor: f64,
     /// M (finite, ≥ 1).
     pub max_weight: f64,
+    /// Whether a table's rates are fitted to its pair counts when it holds
+    /// any (`confusion_pair_fit`).
+    pub pair_fit: bool,
 }
 
 impl Default for ConfusionParams {
@@ -106,6 +109,7 @@ impl Default for ConfusionParams {
             prior_votes: 5.0,
             rate_floor: 0.02,
             max_weight: 10.0,
+            pair_fit: true,
         }
     }
 }
@@ -130,8 +134,8 @@ pub enum RatesFrom {
     Moments,
     /// The others' mean, when the moments do not.
     Mean,
-    /// Fitted to per-pair co-vote counts ([`super::pairs`]; not yet in
-    /// force: only [`ConfusionTable::build_with_pairs`] makes it).
+    /// Fitted to per-pair co-vote counts ([`super::pairs`]), whenever the
+    /// table holds a pair observation.
     Pairs,
 }
 
@@ -218,9 +222,10 @@ pub fn moment_rates(totals: &ConfusionTerms, eps: f64) -> Option<(f64, f64, f64)
 }
 
 impl ConfusionTable {
-    /// The table of a rubric's per-reviewer sums (contract §15 "Tables"),
-    /// or None when it is empty (C = 0, P = 0, F = 0, reviewers better
-    /// than chance holding at most half the values, or s ≤ 0).
+    /// The table of a rubric's per-reviewer sums without pair counts
+    /// (contract §15 "Tables": rates from the moments or the mean), or
+    /// None when it is empty (C = 0, P = 0, F = 0, reviewers better than
+    /// chance holding at most half the values, or s ≤ 0).
     pub fn build(
         params: &ConfusionParams,
         sums: impl IntoIterator<Item = (Id, ConfusionTerms)>,
@@ -229,7 +234,8 @@ impl ConfusionTable {
     }
 
     /// [`ConfusionTable::build`], with the reviewers' rates fitted to
-    /// `pairs` when given and they hold a pair observation
+    /// `pairs` (any order and split) when given and they hold a pair
+    /// observation
     /// ([`super::pairs::fit`], anchored at the moments when those identify
     /// the rates); pairs naming a reviewer without sums are left out.
     pub fn build_with_pairs(

@@ -1,8 +1,7 @@
-//! A rubric's two-class rates fitted to per-pair co-vote counts, pure:
-//! the estimator `scripts/confusion/pairs.py` measures as the next
-//! reference of contract §15 (docs/decisions.md, "Next, measured but not
-//! built"). Not yet in force: the engine stores no pair counts and never
-//! calls `ConfusionTable::build_with_pairs`, the table built from them.
+//! A rubric's two-class rates fitted to per-pair co-vote counts, pure
+//! (contract §15, "The reviewers' rates from pair counts"): what a
+//! `confusion` table's rates come from whenever its sealed deltas hold a
+//! pair observation.
 //!
 //! The counts ([`PairSums`]): per unordered pair of reviewers (a, b) that
 //! voted in the same unit of 0/1 values, how often they voted (0, 0),
@@ -42,8 +41,8 @@ pub(super) fn shrunk(x: f64, n: f64, n0: f64, prior: f64, eps: f64) -> f64 {
 }
 
 /// A unit of more values than this adds no pair counts (its m(m − 1)/2
-/// increments would dominate a seal); its values' other §15 sums count
-/// as always.
+/// increments would dominate a seal, and the rows a delta record); its
+/// values' other §15 sums count as always.
 pub const MAX_PAIR_UNIT: usize = 64;
 
 /// Pair counts by `voter_id`: (a, b) with a < b in byte order →
