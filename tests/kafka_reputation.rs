@@ -36,6 +36,39 @@ fn assert_weighed_by_side(expected: &[Value]) {
     );
 }
 
+/// Gives rubric `safety` of a generated vote file what §15 learns from:
+/// every vote on it becomes 0 or 1 (abstentions and bad lines stay), the
+/// side a quarter of its items deserve a pass on, given right by 30
+/// reviewers 85 % of the time, and passed 90 % of the time by the other
+/// 10 (lenient). Deterministic; the other rubrics stay random.
+fn give_safety_a_signal(path: &std::path::Path) {
+    let hash = |s: &str| crc32fast::hash(s.as_bytes());
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in text.lines().enumerate() {
+        let parsed = serde_json::from_str::<Value>(line).ok();
+        match parsed {
+            Some(mut v) if v["voter_prompt_id"] == "safety" && !v["vote"].is_null() => {
+                let item = v["inference_id"].as_str().unwrap_or_default().to_owned();
+                let voter = v["voter_id"].as_str().unwrap_or_default().to_owned();
+                let deserves = hash(&item) % 4 == 0;
+                let roll = hash(&format!("{i}/{line}")) % 100;
+                let lenient = voter.trim_start_matches('v').parse::<u32>().unwrap_or(0) >= 30;
+                let pass = if lenient {
+                    roll < 90
+                } else {
+                    deserves == (roll < 85)
+                };
+                v["vote"] = Value::from(u8::from(pass));
+                out.push_str(&v.to_string());
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    std::fs::write(path, out).unwrap();
+}
+
 fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
     let _g = serial();
     let Some(broker) = broker_or_skip(None) else {
@@ -44,6 +77,7 @@ fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
     let setup = Setup::new(&broker, name, 4, delivery, &both_models(name));
     let input = setup.dir.path().join("votes.jsonl");
     votes_over_epochs(&input, 12_000, 4);
+    give_safety_a_signal(&input);
     setup.produce(&input);
     let files = partition_files(&setup);
     assert_eq!(files.len(), 4);
@@ -101,18 +135,10 @@ fn four_partitions_equal_their_replays(delivery: &str, name: &str) {
         .find(|r| r["voter_prompt_id"] == "safety")
         .unwrap_or_else(|| panic!("no safety row: {body}"));
     assert_eq!(safety["model"], "confusion", "{body}");
-    // The generated votes are random, so the newest `confusion` table may
-    // be empty (most values from reviewers no better than chance): both
-    // side weights, or neither.
-    assert_eq!(
-        safety["pass_weight"].is_number(),
-        safety["flag_weight"].is_number(),
-        "{body}"
-    );
-    assert!(
-        safety["pass_weight"].is_number() || safety["pass_weight"].is_null(),
-        "{body}"
-    );
+    // `safety` has a signal (`give_safety_a_signal`), so its newest table
+    // is not empty: both side weights are shown.
+    assert!(safety["pass_weight"].is_number(), "{body}");
+    assert!(safety["flag_weight"].is_number(), "{body}");
     assert!(
         rows.iter()
             .any(|r| r["voter_prompt_id"] != "safety" && r["model"] == "noise"),
@@ -307,6 +333,7 @@ fn three_instances_killed_three_times(mode: &str, name: &str) {
         } else {
             let input = setup.dir.path().join("votes.jsonl");
             votes_over_epochs(&input, 30_000, 4);
+            give_safety_a_signal(&input);
             (input, "generated")
         };
         setup.produce(&input);

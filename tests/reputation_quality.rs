@@ -647,13 +647,14 @@ fn weights_rank_reviewers_as_crowd_kit_does() {
 /// per item, items over a week, hour-long epochs) where contract §15's
 /// model `confusion` meets the bars on every seed measured
 /// (docs/PERFORMANCE.md, "Which way a reviewer errs"), one seed each: the
-/// lenient and harsh crowds it was built for, class imbalance both ways.
+/// lenient and harsh crowds it was built for, class imbalance both ways,
+/// and spammers with adversaries, which the pair fit is for.
 const CONFUSION_POPULATIONS: [&str; 5] = [
     "len+harsh pi=.12",
     "harsh50% pi=.50",
     "lenient50% pi=.50",
     "honest pi=.05",
-    "harsh30% pi=.40",
+    "spam+adv pi=.05",
 ];
 
 /// Model `confusion` through this build's `replay` against crowd-kit
