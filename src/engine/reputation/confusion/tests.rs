@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::engine::reputation::damped_step;
+use crate::engine::reputation::pairs::PairSums;
 use crate::engine::score::moments;
 
 fn close(a: f64, b: f64) -> bool {
@@ -325,6 +326,53 @@ fn check_6_rates_from_the_moments() {
         assert_close!(s.flag_weight, 0.944750);
     }
     assert_eq!(t.prior.0, 0.0);
+    assert_close!(t.prior.1, 0.556841);
+    let (m, _, _, s) = score(&t, &[("a", 1.0, 1.0)]);
+    assert_close!(m, 0.681517);
+    assert_close!(s, 0.681517);
+}
+
+/// Check 10: rubric `format` with its pair counts. The moments identify
+/// the rates, so the fit starts there; their point reproduces every cell
+/// share, so the fit stays: check 6's numbers, from the pairs.
+#[test]
+fn check_10_the_anchored_pair_fit_stays_at_the_moments() {
+    let units: [([f64; 3], usize); 8] = [
+        ([1.0, 1.0, 1.0], 6),
+        ([1.0, 1.0, 0.0], 1),
+        ([1.0, 0.0, 1.0], 1),
+        ([0.0, 1.0, 1.0], 1),
+        ([1.0, 0.0, 0.0], 2),
+        ([0.0, 1.0, 0.0], 2),
+        ([0.0, 0.0, 1.0], 2),
+        ([0.0, 0.0, 0.0], 25),
+    ];
+    let voters = [Id::from("a"), Id::from("b"), Id::from("c")];
+    let mut sums: FxHashMap<Id, ConfusionTerms> = FxHashMap::default();
+    let mut pairs = PairSums::default();
+    for (unit, n) in units {
+        for _ in 0..n {
+            for (voter, t) in voters.iter().zip(unit_terms(&unit).unwrap()) {
+                sums.entry(voter.clone()).or_default().add(&t);
+            }
+            let values: Vec<(&Id, f64)> = voters.iter().zip(unit).collect();
+            pairs.add_unit(&values);
+        }
+    }
+    let pairs = pairs.to_vec();
+    assert!(pairs.iter().all(|p| p.2 == [27, 3, 3, 7]), "{pairs:?}");
+    let t =
+        ConfusionTable::build_with_pairs(&ConfusionParams::default(), sums, Some(&pairs)).unwrap();
+    assert_eq!(t.rates_from, RatesFrom::Pairs);
+    assert_close!(t.base_rate, 0.223842);
+    assert_close!(t.sensitivity, 0.874569);
+    assert_close!(t.specificity, 0.930124);
+    assert_close!(t.evidence_scale, 2.120731);
+    for voter in ["a", "b", "c"] {
+        let s = t.sides(voter);
+        assert_close!(s.pass_weight, 1.191576);
+        assert_close!(s.flag_weight, 0.944750);
+    }
     assert_close!(t.prior.1, 0.556841);
     let (m, _, _, s) = score(&t, &[("a", 1.0, 1.0)]);
     assert_close!(m, 0.681517);
