@@ -201,21 +201,11 @@ fn layouts() -> Vec<(&'static str, Vec<u8>)> {
     out.push(("open_value", v));
 
     let terms = Terms {
-        n: 3,
-        q: 1 << 80,
-        h: 12_345,
-        confusion: ConfusionTerms {
-            c: 3,
-            p: 1 << 41,
-            a: 1 << 40,
-            b: 77,
-            c3: 2,
-            t3: 1 << 39,
-        },
         pairs: PairRow(vec![
             ("rev-2".into(), [4, 0, 1, 2]),
             ("rev-3".into(), [0, 0, 0, 1 << 40]),
         ]),
+        ..terms_without_pairs()
     };
     let v = encode_terms(&terms);
     assert_eq!(decode_terms(&v).unwrap(), terms);
@@ -425,42 +415,9 @@ fn every_stored_layout_round_trips_and_keeps_its_bytes_within_its_format() {
     );
 }
 
-/// Format 11's sealed deltas (the bytes of its layouts fixture) are read
-/// with contract §15's sums zero: their epochs count for §14 only.
-#[test]
-fn format_11_deltas_have_no_confusion_sums() {
-    let unhex = |h: &str| -> Vec<u8> {
-        (0..h.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
-            .collect()
-    };
-    let terms = Terms::noise(3, 1 << 80, 12_345);
-    assert_eq!(
-        decode_terms(&unhex("0b03808080808080808080808008b960")).unwrap(),
-        terms
-    );
-    let rows = decode_topic_delta(&unhex(
-        "0b02057265762d3103808080808080808080808008b960057265762d32000000",
-    ))
-    .unwrap();
-    assert_eq!(
-        rows,
-        vec![("rev-1".into(), terms), ("rev-2".into(), Terms::default())]
-    );
-}
-
-/// Format 12's sealed deltas (the bytes of its layouts fixture) are read
-/// with their §15 sums and no pair counts.
-#[test]
-fn format_12_deltas_have_no_pair_counts() {
-    let unhex = |h: &str| -> Vec<u8> {
-        (0..h.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
-            .collect()
-    };
-    let terms = Terms {
+/// The `terms` layout's value, but for its pair row (format 12's value).
+fn terms_without_pairs() -> Terms {
+    Terms {
         confusion: ConfusionTerms {
             c: 3,
             p: 1 << 41,
@@ -470,21 +427,47 @@ fn format_12_deltas_have_no_pair_counts() {
             t3: 1 << 39,
         },
         ..Terms::noise(3, 1 << 80, 12_345)
-    };
-    assert_eq!(
-        decode_terms(&unhex(
-            "0c03808080808080808080808008b960038080808080408080808080204d02808080808010"
-        ))
-        .unwrap(),
-        terms
+    }
+}
+
+/// Bytes from hex (a layouts fixture's).
+fn unhex(h: &str) -> Vec<u8> {
+    (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// Format 11's sealed deltas (the bytes of its layouts fixture) are read
+/// with contract §15's sums zero: their epochs count for §14 only.
+#[test]
+fn format_11_deltas_have_no_confusion_sums() {
+    reads_old_deltas(
+        "0b03808080808080808080808008b960",
+        "0b02057265762d3103808080808080808080808008b960057265762d32000000",
+        Terms::noise(3, 1 << 80, 12_345),
     );
-    let rows = decode_topic_delta(&unhex(
-        "0c02057265762d3103808080808080808080808008b960038080808080408080808080204d02808080808010057265762d32000000000000000000",
-    ))
-    .unwrap();
+}
+
+/// An older format's `terms` and `topic_delta` bytes (its layouts
+/// fixture's: rev-1's terms, then rev-2's zero) read as `terms`.
+fn reads_old_deltas(terms_hex: &str, delta_hex: &str, terms: Terms) {
+    assert_eq!(decode_terms(&unhex(terms_hex)).unwrap(), terms);
     assert_eq!(
-        rows,
+        decode_topic_delta(&unhex(delta_hex)).unwrap(),
         vec![("rev-1".into(), terms), ("rev-2".into(), Terms::default())]
+    );
+}
+
+/// Format 12's sealed deltas (the bytes of its layouts fixture) are read
+/// with their §15 sums and no pair counts.
+#[test]
+fn format_12_deltas_have_no_pair_counts() {
+    let terms = terms_without_pairs();
+    reads_old_deltas(
+        "0c03808080808080808080808008b960038080808080408080808080204d02808080808010",
+        "0c02057265762d3103808080808080808080808008b960038080808080408080808080204d02808080808010057265762d32000000000000000000",
+        terms,
     );
 }
 
