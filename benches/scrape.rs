@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use jurystream::engine::agreement::{Counted, RubricSums};
 use jurystream::engine::board::{fixed, fixed_square, gauge_rows, BoardKey, BoardRow};
+use jurystream::engine::reputation::Model;
 use jurystream::engine::score::{Aggregator, TimeUnit};
 use jurystream::engine::{Counters, RubricParams, ScoreUpdate, SeriesKey};
 use jurystream::telemetry::Metrics;
@@ -45,6 +46,7 @@ fn update(model: &str, rubric: &str, score: f64, ambiguous: bool) -> ScoreUpdate
             variance_threshold: 0.05,
             aggregator: Aggregator::Mean,
             temperature: 0.5,
+            reputation_model: Model::Noise,
         },
         window_seconds: 60.0,
         window_start: 0,
