@@ -23,9 +23,15 @@ LS_PASSWORD="jurystream-test-password"
 LS_TOKEN="e6a83a24897dc56f1f5446241fb4e51b63628d52"
 START_TIMEOUT="${JURYSTREAM_LS_START_TIMEOUT:-180}"
 
+# label-studio 1.23.2 asks for sentry-sdk >= 2.16 without an upper bound,
+# and sentry-sdk 3 refuses an option it passes at start ("Unknown option
+# 'send_default_pii'"): the install keeps it below 3, and a venv holding 3
+# counts as not installed.
+SENTRY_PIN="sentry-sdk>=2.16,<3"
+
 have_ls() {
     [ -x "$VENV/bin/label-studio" ] &&
-        "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("label-studio") != sys.argv[1])' "$LS_VERSION" 2>/dev/null
+        "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version("label-studio") != sys.argv[1] or int(m.version("sentry-sdk").split(".")[0]) >= 3)' "$LS_VERSION" 2>/dev/null
 }
 
 apt_install() {
@@ -76,10 +82,10 @@ install)
     echo "label-studio: installing label-studio==$LS_VERSION into $VENV (~1 GB, a few minutes once)"
     pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
     "${pip[@]}" --upgrade pip
-    if ! "${pip[@]}" "label-studio==$LS_VERSION"; then
+    if ! "${pip[@]}" "label-studio==$LS_VERSION" "$SENTRY_PIN"; then
         echo "label-studio: pip failed; installing build tools and retrying" >&2
         install_build_deps
-        "${pip[@]}" "label-studio==$LS_VERSION"
+        "${pip[@]}" "label-studio==$LS_VERSION" "$SENTRY_PIN"
     fi
     have_ls || { echo "label-studio: install finished but label-studio $LS_VERSION is not importable" >&2; exit 1; }
     echo "label-studio: installed $LS_VERSION in $((SECONDS - t0)) s"
