@@ -225,7 +225,10 @@ impl ConfusionTable {
     /// The table of a rubric's per-reviewer sums without pair counts
     /// (contract §15 "Tables": rates from the moments or the mean), or
     /// None when it is empty (C = 0, P = 0, F = 0, reviewers better than
-    /// chance holding at most half the values, or s ≤ 0).
+    /// chance holding at most half the values, or s ≤ 0). The engine
+    /// always calls [`ConfusionTable::build_with_pairs`]; the tests check
+    /// the rules without pair counts through this.
+    #[cfg(test)]
     pub fn build(
         params: &ConfusionParams,
         sums: impl IntoIterator<Item = (Id, ConfusionTerms)>,

@@ -74,7 +74,8 @@ impl PairSums {
         }
     }
 
-    /// Adds another part's sums.
+    /// Adds another part's sums (tests: the engine adds rows).
+    #[cfg(test)]
     pub fn merge(&mut self, other: &PairSums) {
         for (key, add) in &other.0 {
             let counts = self.0.entry(key.clone()).or_default();
@@ -97,6 +98,7 @@ impl PairSums {
 
     /// The pairs in (a, b) byte order, as
     /// [`super::confusion::ConfusionTable::build_with_pairs`] takes them.
+    #[cfg(test)]
     pub fn to_vec(&self) -> Vec<VoterPair> {
         self.0
             .iter()
